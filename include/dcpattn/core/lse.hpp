@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+// Log-sum-exp (LSE) partial attention states and their merge.
+//
+// A partial state of one (token, head) is (o, lse): o (Dv,) is the softmax-weighted value average
+// over some key set S and lse = log(sum_{s in S} exp(score_s)), in NATURAL log. The empty key set
+// is the neutral element (o = 0, lse = -inf). Merging states of disjoint key sets A and B gives the
+// state of A u B:  L = log(exp(lse_a) + exp(lse_b)),  o = exp(lse_a - L) o_a + exp(lse_b - L) o_b.
+//
+// Robustness rules (DESIGN.md): an lse of +inf or NaN is treated as -inf (a kernel's empty row);
+// merging only neutral states gives the neutral state, never NaN; the o of a state whose weight is
+// zero is never read, so garbage (even NaN) in an empty partial cannot leak into the result.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda/std/bit>
+#include <cuda/std/cmath>
+#include <cuda/std/limits>
+
+#include "dcpattn/config.hpp"
+
+DCPATTN_NAMESPACE_BEGIN
+
+/// Tag: the LSE values are natural logarithms (dcpattn's own convention).
+struct lse_base_e {};
+/// Tag: the LSE values are base-2 logarithms (FlashInfer and some FlashMLA builds), converted on
+/// input by multiplying with ln 2.
+struct lse_base_2 {};
+
+inline constexpr float lse_neg_inf = -cuda::std::numeric_limits<float>::infinity();
+
+/// Maps a foreign LSE value to dcpattn's convention: natural log, with +inf and NaN (kernels' ways
+/// of marking an empty row) turned into -inf.
+constexpr DCPATTN_HOST_DEVICE float sanitize_lse(float lse, lse_base_e = {}) noexcept {
+  // lse < +inf is false for NaN and +inf; finite values and -inf pass unchanged.
+  return (lse < cuda::std::numeric_limits<float>::infinity()) ? lse : lse_neg_inf;
+}
+constexpr DCPATTN_HOST_DEVICE float sanitize_lse(float lse, lse_base_2) noexcept {
+  constexpr float ln2 = 0.693147180559945309417232121458176568f;
+  return sanitize_lse(lse) * ln2;  // -inf * ln2 stays -inf
+}
+
+/// Result of merging two LSE values: the merged lse and the weight of each input
+/// (exp(lse_x - lse), exactly 0 for an empty input).
+struct MergeWeights {
+  float lse;
+  float w_a;
+  float w_b;
+};
+
+/// Merges two sanitized natural-log LSE values. Symmetric by construction: swapping a and b swaps
+/// w_a and w_b and leaves lse bit-identical (max and float addition are commutative). Finite inputs
+/// of any magnitude (|lse| ~ 1e4 included) neither overflow nor produce NaN.
+DCPATTN_HOST_DEVICE MergeWeights merge_lse(float lse_a, float lse_b) noexcept {
+  const float m = lse_a > lse_b ? lse_a : lse_b;
+  if (m == lse_neg_inf) return {lse_neg_inf, 0.0f, 0.0f};  // both empty
+  const float ea = cuda::std::exp(lse_a - m);
+  const float eb = cuda::std::exp(lse_b - m);
+  const float lse = m + cuda::std::log(ea + eb);
+  return {lse, cuda::std::exp(lse_a - lse), cuda::std::exp(lse_b - lse)};
+}
+
+/// w * o where a zero weight means "this input is empty": the result is 0 even for o = inf or NaN.
+constexpr DCPATTN_HOST_DEVICE float weighted(float w, float o) noexcept {
+  return w != 0.0f ? w * o : 0.0f;
+}
+
+/// Merges state b into state a in place: (o_a, lse_a) <- (o_a, lse_a) (+) (o_b, lse_b).
+/// o_a, o_b: (dv,) contiguous fp32; lse values natural log, already sanitized.
+DCPATTN_HOST_DEVICE void merge_state_into(float* o_a, float& lse_a, const float* o_b, float lse_b,
+                                          int dv) noexcept {
+  const MergeWeights w = merge_lse(lse_a, lse_b);
+  for (int i = 0; i < dv; ++i) o_a[i] = weighted(w.w_a, o_a[i]) + weighted(w.w_b, o_b[i]);
+  lse_a = w.lse;
+}
+
+/// LSE of n sanitized natural-log values, accumulated in index order (deterministic).
+/// n = 0 or all-empty inputs give -inf.
+template <class LseAt>
+DCPATTN_HOST_DEVICE float merge_lse_n(LseAt&& lse_at, int n) noexcept {
+  float m = lse_neg_inf;
+  for (int i = 0; i < n; ++i) {
+    const float x = lse_at(i);
+    m = x > m ? x : m;
+  }
+  if (m == lse_neg_inf) return lse_neg_inf;
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum += cuda::std::exp(lse_at(i) - m);
+  return m + cuda::std::log(sum);
+}
+
+/// Weight of an input with LSE `lse` in a merge whose total LSE is `total` (0 when either is empty).
+DCPATTN_HOST_DEVICE float merge_weight(float lse, float total) noexcept {
+  return total == lse_neg_inf ? 0.0f : cuda::std::exp(lse - total);
+}
+
+/// The fixed binary merge tree of deterministic mode. `count` (a power of two) states indexed
+/// v = 0..count-1 are merged level by level, highest index bit first: at the level of bit b every
+/// v < 2^b absorbs v + 2^b. The result lands in state 0. Because the tree depends only on the state
+/// indices, a group that first merges the high bits locally and the low bits after an exchange gets
+/// the same bits as a single process merging everything.
+///
+/// `state(v)` must return something with members `float* o` and `float& lse` (or `float* lse`)
+/// addressing state v; see TreeStateRef.
+struct TreeStateRef {
+  float* o;
+  float* lse;
+};
+
+template <class StateAt>
+DCPATTN_HOST_DEVICE void tree_merge(StateAt&& state, int count, int dv) noexcept {
+  for (int half = count >> 1; half >= 1; half >>= 1) {
+    for (int v = 0; v < half; ++v) {
+      TreeStateRef a = state(v);
+      TreeStateRef b = state(v + half);
+      merge_state_into(a.o, *a.lse, b.o, *b.lse, dv);
+    }
+  }
+}
+
+/// True when x is a power of two (x >= 1).
+constexpr DCPATTN_HOST_DEVICE bool is_power_of_two(std::int64_t x) noexcept {
+  return x >= 1 && (x & (x - 1)) == 0;
+}
+
+DCPATTN_NAMESPACE_END

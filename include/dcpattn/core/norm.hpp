@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+// RMSNorm and LayerNorm of one row, split into a reduction and an elementwise step so a CUDA kernel
+// can reduce across lanes and reuse the same formulas. All arithmetic is fp32.
+#pragma once
+
+#include <cuda/std/cmath>
+
+#include "dcpattn/config.hpp"
+#include "dcpattn/core/numeric.hpp"
+
+DCPATTN_NAMESPACE_BEGIN
+
+/// 1 / sqrt(sum_sq / n + eps): the RMSNorm scale of a row of n values whose squares sum to sum_sq.
+DCPATTN_HOST_DEVICE float rms_norm_scale(float sum_sq, int n, float eps) noexcept {
+  return 1.0f / cuda::std::sqrt(sum_sq / float(n) + eps);
+}
+
+/// RMSNorm of one row: out[i] = x[i] * rms_norm_scale(sum x^2) * weight[i].
+/// x, weight, out: (n,) of float or bfloat16; out may alias x. Accumulation is sequential in i.
+template <class TIn, class TW, class TOut>
+DCPATTN_HOST_DEVICE void rms_norm_row(const TIn* x, const TW* weight, TOut* out, int n,
+                                      float eps) noexcept {
+  float sum_sq = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float v = to_float(x[i]);
+    sum_sq += v * v;
+  }
+  const float scale = rms_norm_scale(sum_sq, n, eps);
+  for (int i = 0; i < n; ++i) out[i] = from_float<TOut>(to_float(x[i]) * scale * to_float(weight[i]));
+}
+
+/// Mean and 1 / sqrt(var + eps) of a row, from its sum and sum of squares (biased variance,
+/// clamped at 0 against cancellation).
+struct LayerNormStats {
+  float mean;
+  float inv_std;
+};
+DCPATTN_HOST_DEVICE LayerNormStats layer_norm_stats(float sum, float sum_sq, int n,
+                                                    float eps) noexcept {
+  const float mean = sum / float(n);
+  float var = sum_sq / float(n) - mean * mean;
+  var = var > 0.0f ? var : 0.0f;
+  return {mean, 1.0f / cuda::std::sqrt(var + eps)};
+}
+
+/// LayerNorm of one row: out[i] = (x[i] - mean) * inv_std * weight[i] + bias[i]; bias may be null.
+/// x, weight, bias, out: (n,); out may alias x.
+template <class TIn, class TW, class TOut>
+DCPATTN_HOST_DEVICE void layer_norm_row(const TIn* x, const TW* weight, const TW* bias, TOut* out,
+                                        int n, float eps) noexcept {
+  float sum = 0.0f, sum_sq = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float v = to_float(x[i]);
+    sum += v;
+    sum_sq += v * v;
+  }
+  const LayerNormStats s = layer_norm_stats(sum, sum_sq, n, eps);
+  for (int i = 0; i < n; ++i) {
+    const float b = bias ? to_float(bias[i]) : 0.0f;
+    out[i] = from_float<TOut>((to_float(x[i]) - s.mean) * s.inv_std * to_float(weight[i]) + b);
+  }
+}
+
+DCPATTN_NAMESPACE_END
