@@ -1,7 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Umbrella header: everything that compiles with a plain host compiler.
+// Umbrella header: everything that compiles with a plain host compiler and needs no MPI.
+// MPI users add "dcpattn/comm/mpi.hpp"; CUDA users the .cuh headers.
 #pragma once
 
+#include "dcpattn/combine/all_gather_reduce_scatter.hpp"
+#include "dcpattn/combine/all_to_all.hpp"
+#include "dcpattn/combine/lse_combiner.hpp"
+#include "dcpattn/comm/communicator.hpp"
+#include "dcpattn/comm/self.hpp"
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/fp8_cache.hpp"
 #include "dcpattn/core/lse.hpp"
@@ -10,5 +16,15 @@
 #include "dcpattn/core/rope.hpp"
 #include "dcpattn/core/tensor.hpp"
 #include "dcpattn/error.hpp"
+#include "dcpattn/exec/host.hpp"
+#include "dcpattn/gather/all_gather.hpp"
+#include "dcpattn/gather/direct_workspace.hpp"
+#include "dcpattn/gather/query_gather.hpp"
+#include "dcpattn/gather/replicated.hpp"
+#include "dcpattn/kernels/cache_layout.hpp"
+#include "dcpattn/kernels/host/prologue.hpp"
+#include "dcpattn/kernels/mla_kernel.hpp"
+#include "dcpattn/op/config.hpp"
+#include "dcpattn/op/dcp_attention.hpp"
 #include "dcpattn/ownership/round_robin.hpp"
 #include "dcpattn/ownership/slot_ownership.hpp"

@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: Apache-2.0
+// Runtime configuration of a DCP attention operator.
+#pragma once
+
+#include <cstdint>
+
+#include "dcpattn/config.hpp"
+
+DCPATTN_NAMESPACE_BEGIN
+
+/// Numerical contract of the cross-rank merge.
+enum class DcpMode {
+  /// Bitwise identical output for every group size N dividing virtual_shards: fixed splits per
+  /// virtual shard, fixed merge tree, fp32 partials, one rounding at the end.
+  deterministic,
+  /// Close to deterministic (not bitwise): bf16 partials and the reduce-scatter combiner allowed.
+  fast,
+};
+
+/// Element type of the partial outputs exchanged between ranks.
+enum class PartialDtype { fp32, bf16 };
+
+/// Everything an operator needs to know before the first forward(). Shapes use
+/// T = tokens (query rows) of one forward, H = heads of the whole group, H_local = H / N.
+struct DcpConfig {
+  int group_size = 1;         ///< N, ranks in the DCP group (must equal the communicator's size)
+  int num_heads = 128;        ///< H, query heads of the group; each rank projects H / N of them
+  int head_dim_qk = 576;      ///< q/k head dim (MLA: kv_lora_rank 512 + rope 64)
+  int head_dim_v = 512;       ///< v head dim (MLA: kv_lora_rank)
+  int page_size = 64;         ///< B, tokens per KV page; a multiple of interleave
+  int interleave = 1;         ///< I, consecutive tokens per rank in round-robin ownership
+  int virtual_shards = 8;     ///< V, power of two; deterministic mode needs N | V
+  int max_tokens = 256;       ///< largest T of any forward(); sizes the workspace
+  int gather_capacity = 64;   ///< tokens the persistent direct gather workspace holds
+  int topk = 2048;            ///< sparse attention: indices per query row
+  float softmax_scale = 0.0f; ///< > 0; DeepSeek-V3.2: 1/sqrt(192) before any YaRN factor
+  DcpMode mode = DcpMode::deterministic;
+  PartialDtype partial_dtype = PartialDtype::fp32;  ///< bf16 only in fast mode
+};
+
+DCPATTN_NAMESPACE_END

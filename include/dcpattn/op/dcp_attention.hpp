@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: Apache-2.0
+// DcpAttention: the DCP decode attention operator composed from its policies.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <cuda/std/span>
+
+#include "dcpattn/combine/lse_combiner.hpp"
+#include "dcpattn/comm/communicator.hpp"
+#include "dcpattn/config.hpp"
+#include "dcpattn/core/lse.hpp"
+#include "dcpattn/core/tensor.hpp"
+#include "dcpattn/error.hpp"
+#include "dcpattn/gather/query_gather.hpp"
+#include "dcpattn/kernels/cache_layout.hpp"
+#include "dcpattn/kernels/mla_kernel.hpp"
+#include "dcpattn/op/config.hpp"
+#include "dcpattn/ownership/slot_ownership.hpp"
+
+DCPATTN_NAMESPACE_BEGIN
+
+/// What forward() reports about one call.
+struct ForwardInfo {
+  /// The batch exceeded the direct gather workspace and went through the all-gather fallback.
+  bool gather_fell_back = false;
+};
+
+/// Decode context parallel attention over one DCP group.
+///
+/// Per forward, on every rank: gather the query heads (Gather), attend all H heads over this
+/// rank's KV shard (Kernel, run by Exec), and merge the partial states across ranks (Combiner)
+/// into this rank's H_local heads. Gather and combine are always part of the call: with N = 1 they
+/// reduce to copies, with N > 1 nothing can skip them.
+///
+/// @tparam Ownership  SlotOwnership model (RoundRobinOwnership); VirtualShardedOwnership for
+///                    deterministic mode
+/// @tparam Gather     QueryGatherPolicy: DirectWorkspace, AllGather or Replicated
+/// @tparam Kernel     AttentionKernel: DenseMla<F> or SparseMla<F>
+/// @tparam Combiner   LseCombiner: AllToAll or AllGatherReduceScatter
+/// @tparam Comm       Communicator: SelfCommunicator, MpiCommunicator, NcclCommunicator
+/// @tparam Exec       execution space: HostExecution (or the CUDA one), matching Comm's stream type
+template <class Ownership, class Gather, class Kernel, class Combiner, class Comm, class Exec>
+class DcpAttention {
+  static_assert(SlotOwnership<Ownership>, DCPATTN_SLOT_OWNERSHIP_MESSAGE);
+  static_assert(Communicator<Comm>, DCPATTN_COMMUNICATOR_MESSAGE);
+  static_assert(AttentionKernel<Kernel>, DCPATTN_ATTENTION_KERNEL_MESSAGE);
+  static_assert(QueryGatherPolicy<Gather, Comm, Exec>, DCPATTN_QUERY_GATHER_MESSAGE);
+  static_assert(LseCombiner<Combiner, Comm, Exec>, DCPATTN_LSE_COMBINER_MESSAGE);
+  static_assert(std::is_same_v<typename Comm::stream_type, typename Exec::stream_type>,
+                "dcpattn: the communicator and the execution space must use the same stream type "
+                "(host communicators go with HostExecution, NCCL with the CUDA execution space)");
+
+ public:
+  using stream_type = typename Exec::stream_type;
+  using cache_view = typename Kernel::cache_view;
+  static constexpr bool deterministic_capable = VirtualShardedOwnership<Ownership>;
+
+  /// Inputs and outputs of one forward. T = rows of this batch (<= config.max_tokens).
+  struct Arguments {
+    /// (T, H_local, 576) this rank's query heads (Replicated: (T, H, 576)), any strides
+    TensorView<const bfloat16, 3> q;
+    /// this rank's paged cache (see mla_cache_view_t in dcpattn/kernels/cache_layout.hpp)
+    cache_view cache;
+    /// (num_requests, max_pages) LOCAL page ids of each request's shard on this rank
+    TensorView<const std::int32_t, 2> block_table;
+    /// (T) request of each row
+    TensorView<const std::int32_t, 1> row_request;
+    /// (T) global causal bound of each row: it attends to positions [0, bound)
+    TensorView<const std::int64_t, 1> row_bound;
+    /// (T, K) sparse kernels only: global positions each row attends to, -1 = none
+    TensorView<const std::int32_t, 2> topk{};
+    /// rows >= num_valid_rows are padding (CUDA-graph batches): output 0, nothing read
+    int num_valid_rows = 0;
+    /// (T, H_local, 512) output of this rank's heads [rank H_local, (rank + 1) H_local)
+    TensorView<bfloat16, 3> out;
+    /// (T, H_local) merged natural-log LSE, optional (null data handle = not written)
+    TensorView<float, 2> out_lse{};
+  };
+
+  /// Checks a configuration without building anything. A failure names the offending parameter.
+  static Status can_implement(const DcpConfig& c) {
+    auto fail = [](std::string m) { return Status::failure(std::move(m)); };
+    auto s = [](auto v) { return std::to_string(v); };
+    if (c.group_size < 1) return fail("group_size (" + s(c.group_size) + ") must be >= 1");
+    if (c.num_heads < 1) return fail("num_heads (" + s(c.num_heads) + ") must be >= 1");
+    if (c.num_heads % c.group_size != 0)
+      return fail("num_heads (" + s(c.num_heads) + ") is not divisible by the DCP group size (" +
+                  s(c.group_size) + ")");
+    if (c.head_dim_qk != kMlaQkDim)
+      return fail("head_dim_qk (" + s(c.head_dim_qk) + ") must be " + s(kMlaQkDim) +
+                  " for MLA (kv_lora_rank 512 + rope 64)");
+    if (c.head_dim_v != kMlaVDim)
+      return fail("head_dim_v (" + s(c.head_dim_v) + ") must be " + s(kMlaVDim) + " for MLA");
+    if (c.interleave < 1) return fail("interleave (" + s(c.interleave) + ") must be >= 1");
+    if (c.page_size < 1 || c.page_size % c.interleave != 0)
+      return fail("page_size (" + s(c.page_size) + ") must be a positive multiple of interleave (" +
+                  s(c.interleave) + ")");
+    if (!is_power_of_two(c.virtual_shards))
+      return fail("virtual_shards (" + s(c.virtual_shards) + ") must be a power of two");
+    if (c.max_tokens < 1) return fail("max_tokens (" + s(c.max_tokens) + ") must be >= 1");
+    if (c.gather_capacity < 0)
+      return fail("gather_capacity (" + s(c.gather_capacity) + ") must be >= 0");
+    if (!(c.softmax_scale > 0.0f) || !std::isfinite(c.softmax_scale))
+      return fail("softmax_scale (" + s(c.softmax_scale) + ") must be finite and > 0");
+    if (Kernel::is_sparse && c.topk < 1) return fail("topk (" + s(c.topk) + ") must be >= 1");
+    if (c.mode == DcpMode::deterministic) {
+      if (!deterministic_capable)
+        return fail("mode: deterministic mode needs a VirtualShardedOwnership policy");
+      if (c.virtual_shards % c.group_size != 0)
+        return fail("virtual_shards (" + s(c.virtual_shards) +
+                    ") is not divisible by the DCP group size (" + s(c.group_size) +
+                    ") in deterministic mode");
+      if (c.partial_dtype != PartialDtype::fp32)
+        return fail("partial_dtype: deterministic mode exchanges fp32 partials");
+    }
+    if (!Combiner::supports(c.mode))
+      return fail("mode: the combiner does not support this mode (AllGatherReduceScatter is "
+                  "fast-mode only)");
+    return Status::success();
+  }
+
+  /// Bytes of the per-forward workspace forward() needs for this configuration.
+  static std::size_t workspace_bytes(const DcpConfig& c) { return layout(c).total; }
+
+  /// Builds the operator for this rank. Throws dcpattn::Error when can_implement fails, when the
+  /// communicator's size differs from config.group_size, or the ownership disagrees with it.
+  DcpAttention(Comm& comm, const DcpConfig& config, Ownership ownership, Exec exec = {})
+      : comm_(&comm), config_(config), own_(ownership), exec_(std::move(exec)) {
+    can_implement(config).throw_if_failed("DcpAttention");
+    DCPATTN_REQUIRE(comm.size() == config.group_size,
+                    "config.group_size (" + std::to_string(config.group_size) +
+                        ") differs from the communicator's size (" + std::to_string(comm.size()) +
+                        ")");
+    DCPATTN_REQUIRE(own_.group_size() == config.group_size,
+                    "the ownership policy's group_size (" + std::to_string(own_.group_size()) +
+                        ") differs from config.group_size (" + std::to_string(config.group_size) +
+                        ")");
+    if constexpr (deterministic_capable) {
+      if (config.mode == DcpMode::deterministic)
+        DCPATTN_REQUIRE(own_.num_virtual_shards() == config.virtual_shards,
+                        "the ownership policy's virtual shards differ from config.virtual_shards");
+    }
+    persistent_ = Exec::allocate(Gather::persistent_bytes(config));
+  }
+
+  /// Builds the operator with Ownership(group_size, interleave, virtual_shards) from the config
+  /// (RoundRobinOwnership).
+  DcpAttention(Comm& comm, const DcpConfig& config, Exec exec = {})
+    requires std::is_constructible_v<Ownership, int, int, int>
+      : DcpAttention(comm, config,
+                     Ownership(config.group_size, config.interleave, config.virtual_shards),
+                     std::move(exec)) {}
+
+  const DcpConfig& config() const noexcept { return config_; }
+  const Ownership& ownership() const noexcept { return own_; }
+  int rank() const { return comm_->rank(); }
+
+  /// One decode step. Every rank of the group must call it with the same T and
+  /// num_valid_rows. workspace: at least workspace_bytes(config()) bytes in the execution
+  /// space's memory, 256-byte aligned. Throws dcpattn::Error on inputs that do not match the
+  /// configuration, before any communication.
+  ForwardInfo forward(const Arguments& a, cuda::std::span<std::byte> workspace,
+                      stream_type stream = {}) {
+    check_arguments(a, workspace);
+    const DcpConfig& c = config_;
+    const Layout w = layout(c);
+    std::byte* base = workspace.data();
+    const std::int64_t t = a.q.extent(0);
+    const std::int64_t h = c.num_heads;
+
+    // 1. every rank needs every head's query
+    const auto outcome = Gather::gather(
+        *comm_, exec_, a.q,
+        cuda::std::span<std::byte>(persistent_.get(), Gather::persistent_bytes(c)),
+        cuda::std::span<std::byte>(base + w.gather, w.gather_bytes), c, stream);
+
+    // 2. attend all H heads over the local shard: one partial state per (row, head)
+    float* o_ptr = reinterpret_cast<float*>(base + w.partial_o);
+    float* lse_ptr = reinterpret_cast<float*>(base + w.partial_lse);
+    auto o = make_view(o_ptr, {t, h, std::int64_t(c.head_dim_v)});
+    auto lse = make_view(lse_ptr, {t, h});
+    MlaDecodeParams p{};
+    p.softmax_scale = c.softmax_scale;
+    p.page_size = c.page_size;
+    p.interleave = c.interleave;
+    p.num_splits = num_splits();
+    p.num_valid_rows = a.num_valid_rows;
+    if constexpr (Kernel::is_sparse) {
+      exec_.mla_decode_sparse(outcome.query, a.cache, a.block_table, a.row_request, a.topk,
+                              a.row_bound, own_, comm_->rank(), p, o, lse, stream);
+    } else {
+      auto* local_len = reinterpret_cast<std::int64_t*>(base + w.row_lengths);
+      exec_.row_local_lengths(own_, comm_->rank(), a.row_bound, a.num_valid_rows, local_len,
+                              stream);
+      exec_.mla_decode_dense(outcome.query, a.cache, a.block_table, a.row_request,
+                             make_view(static_cast<const std::int64_t*>(local_len), {t}), p, o,
+                             lse, stream);
+    }
+
+    // 3. merge the N partial states of this rank's heads
+    CombineArgs ca{};
+    ca.o = make_view(static_cast<const float*>(o_ptr), {t, h, std::int64_t(c.head_dim_v)});
+    ca.lse = make_view(static_cast<const float*>(lse_ptr), {t, h});
+    ca.num_valid_rows = a.num_valid_rows;
+    ca.out = a.out;
+    ca.out_lse = a.out_lse;
+    Combiner::template combine<typename Kernel::lse_base>(
+        *comm_, exec_, ca, cuda::std::span<std::byte>(base + w.combine, w.combine_bytes), c,
+        stream);
+    return ForwardInfo{outcome.used_fallback};
+  }
+
+  /// Local splits per rank: V / N (the virtual shards this rank owns) when N divides V, else 1
+  /// (fast mode only).
+  int num_splits() const noexcept {
+    return config_.virtual_shards % config_.group_size == 0
+               ? config_.virtual_shards / config_.group_size
+               : 1;
+  }
+
+ private:
+  struct Layout {
+    std::size_t gather, gather_bytes, partial_o, partial_lse, row_lengths, combine, combine_bytes,
+        total;
+  };
+  static Layout layout(const DcpConfig& c) {
+    auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
+    const std::size_t t = std::size_t(c.max_tokens > 0 ? c.max_tokens : 0);
+    const std::size_t h = std::size_t(c.num_heads > 0 ? c.num_heads : 0);
+    Layout l{};
+    std::size_t at = 0;
+    l.gather = at;
+    l.gather_bytes = c.group_size > 0 ? Gather::scratch_bytes(c) : 0;
+    at += align(l.gather_bytes);
+    l.partial_o = at;
+    at += align(t * h * std::size_t(c.head_dim_v) * sizeof(float));
+    l.partial_lse = at;
+    at += align(t * h * sizeof(float));
+    l.row_lengths = at;
+    at += align(t * sizeof(std::int64_t));
+    l.combine = at;
+    l.combine_bytes = c.group_size > 0 ? Combiner::scratch_bytes(c) : 0;
+    at += align(l.combine_bytes);
+    l.total = at;
+    return l;
+  }
+
+  void check_arguments(const Arguments& a, cuda::std::span<std::byte> workspace) const {
+    const DcpConfig& c = config_;
+    const std::int64_t t = a.q.extent(0);
+    const std::int64_t hl = c.num_heads / c.group_size;
+    auto s = [](auto v) { return std::to_string(v); };
+    DCPATTN_REQUIRE(t <= c.max_tokens,
+                    "q has " + s(t) + " rows, more than config.max_tokens (" + s(c.max_tokens) + ")");
+    DCPATTN_REQUIRE(a.q.extent(1) == Gather::query_heads(c) && a.q.extent(2) == c.head_dim_qk,
+                    "q must be (T, " + s(Gather::query_heads(c)) + ", " + s(c.head_dim_qk) +
+                        "), got (" + s(a.q.extent(0)) + ", " + s(a.q.extent(1)) + ", " +
+                        s(a.q.extent(2)) + ")");
+    DCPATTN_REQUIRE(a.num_valid_rows >= 0 && a.num_valid_rows <= t,
+                    "num_valid_rows (" + s(a.num_valid_rows) + ") must be in [0, T = " + s(t) + "]");
+    DCPATTN_REQUIRE(a.row_request.extent(0) == t,
+                    "row_request has " + s(a.row_request.extent(0)) + " rows, q has " + s(t));
+    DCPATTN_REQUIRE(a.row_bound.extent(0) == t,
+                    "row_bound has " + s(a.row_bound.extent(0)) + " rows, q has " + s(t));
+    DCPATTN_REQUIRE(a.out.extent(0) == t && a.out.extent(1) == hl && a.out.extent(2) == c.head_dim_v,
+                    "out must be (T, " + s(hl) + ", " + s(c.head_dim_v) + ")");
+    DCPATTN_REQUIRE(a.out_lse.data_handle() == nullptr ||
+                        (a.out_lse.extent(0) == t && a.out_lse.extent(1) == hl),
+                    "out_lse must be (T, " + s(hl) + ") or empty");
+    if constexpr (Kernel::is_sparse)
+      DCPATTN_REQUIRE(a.topk.extent(0) == t && a.topk.extent(1) >= 1,
+                      "topk must be (T, K) with K >= 1 for a sparse kernel");
+    DCPATTN_REQUIRE(workspace.size() >= workspace_bytes(c),
+                    "workspace has " + s(workspace.size()) + " bytes, workspace_bytes(config) is " +
+                        s(workspace_bytes(c)));
+  }
+
+  Comm* comm_;
+  DcpConfig config_;
+  Ownership own_;
+  Exec exec_;
+  typename Exec::buffer_type persistent_;
+};
+
+DCPATTN_NAMESPACE_END
