@@ -54,6 +54,9 @@ struct MergeWeights {
 DCPATTN_HOST_DEVICE MergeWeights merge_lse(float lse_a, float lse_b) noexcept {
   const float m = lse_a > lse_b ? lse_a : lse_b;
   if (m == lse_neg_inf) return {lse_neg_inf, 0.0f, 0.0f};  // both empty
+  // One side empty: the other passes through exactly (m + log(1) would turn lse = -0 into +0).
+  if (lse_b == lse_neg_inf) return {lse_a, 1.0f, 0.0f};
+  if (lse_a == lse_neg_inf) return {lse_b, 0.0f, 1.0f};
   const float ea = cuda::std::exp(lse_a - m);
   const float eb = cuda::std::exp(lse_b - m);
   const float lse = m + cuda::std::log(ea + eb);
@@ -70,7 +73,13 @@ constexpr DCPATTN_HOST_DEVICE float weighted(float w, float o) noexcept {
 DCPATTN_HOST_DEVICE void merge_state_into(float* o_a, float& lse_a, const float* o_b, float lse_b,
                                           int dv) noexcept {
   const MergeWeights w = merge_lse(lse_a, lse_b);
-  for (int i = 0; i < dv; ++i) o_a[i] = weighted(w.w_a, o_a[i]) + weighted(w.w_b, o_b[i]);
+  for (int i = 0; i < dv; ++i) {
+    const float ta = weighted(w.w_a, o_a[i]);
+    const float tb = weighted(w.w_b, o_b[i]);
+    // A zero-weight side contributes nothing, not even the +0 that would turn o = -0 into +0:
+    // merging with an empty state leaves the other state bit-identical.
+    o_a[i] = w.w_b == 0.0f ? ta : (w.w_a == 0.0f ? tb : ta + tb);
+  }
   lse_a = w.lse;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda/std/cmath>
+#include <cuda/std/type_traits>
 
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/numeric.hpp"
@@ -43,10 +44,12 @@ DCPATTN_HOST_DEVICE LayerNormStats layer_norm_stats(float sum, float sum_sq, int
   return {mean, 1.0f / cuda::std::sqrt(var + eps)};
 }
 
-/// LayerNorm of one row: out[i] = (x[i] - mean) * inv_std * weight[i] + bias[i]; bias may be null.
+/// LayerNorm of one row: out[i] = (x[i] - mean) * inv_std * weight[i] + bias[i]; bias may be null
+/// (a plain `nullptr` is accepted: the bias does not take part in deducing TW).
 /// x, weight, bias, out: (n,); out may alias x.
 template <class TIn, class TW, class TOut>
-DCPATTN_HOST_DEVICE void layer_norm_row(const TIn* x, const TW* weight, const TW* bias, TOut* out,
+DCPATTN_HOST_DEVICE void layer_norm_row(const TIn* x, const TW* weight,
+                                        const cuda::std::type_identity_t<TW>* bias, TOut* out,
                                         int n, float eps) noexcept {
   float sum = 0.0f, sum_sq = 0.0f;
   for (int i = 0; i < n; ++i) {

@@ -5,6 +5,8 @@
 #include <concepts>
 #include <cstdint>
 
+#include <cuda/std/limits>
+
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/lse.hpp"
 #include "dcpattn/core/numeric.hpp"
@@ -12,6 +14,42 @@
 #include "dcpattn/kernels/cache_layout.hpp"
 
 DCPATTN_NAMESPACE_BEGIN
+
+/// Runtime parameters of the MLA decode kernels. softmax_scale and num_valid_rows have no usable
+/// default: left unset they are refused, so a forgotten field cannot silently zero a batch.
+struct MlaDecodeParams {
+  /// Multiplies q . k before the softmax (1/sqrt(192) for DeepSeek, times any YaRN factor).
+  float softmax_scale = cuda::std::numeric_limits<float>::quiet_NaN();
+  /// Tokens per page of the local paged cache; a positive multiple of `interleave`.
+  int page_size = 64;
+  /// I: local tokens per split block (the ownership's interleave). >= 1.
+  int interleave = 1;
+  /// S: local splits per row, a power of two >= 1 (V / N in deterministic mode).
+  int num_splits = 1;
+  /// Rows t >= num_valid_rows are padding (CUDA-graph batch padding): they get the neutral state
+  /// and nothing of them is read. In [0, tokens].
+  int num_valid_rows = -1;
+};
+
+/// Number of tokens of split j among the first `local_length` local positions.
+constexpr DCPATTN_HOST_DEVICE std::int64_t mla_split_length(std::int64_t local_length, int j,
+                                                            int num_splits,
+                                                            int interleave) noexcept {
+  const std::int64_t span = std::int64_t(num_splits) * interleave;
+  const std::int64_t tail = local_length % span - std::int64_t(j) * interleave;
+  const std::int64_t clamped = tail < 0 ? 0 : (tail > interleave ? interleave : tail);
+  return (local_length / span) * interleave + clamped;
+}
+/// Local position of the k-th token (ascending) of split j.
+constexpr DCPATTN_HOST_DEVICE std::int64_t mla_split_position(std::int64_t k, int j, int num_splits,
+                                                              int interleave) noexcept {
+  return ((k / interleave) * num_splits + j) * interleave + k % interleave;
+}
+/// Split of local position p.
+constexpr DCPATTN_HOST_DEVICE int mla_split_of(std::int64_t p, int num_splits,
+                                               int interleave) noexcept {
+  return int((p / interleave) % num_splits);
+}
 
 /// Requirements on an attention kernel policy K:
 ///   - K::is_sparse        bool: reads a top-k index list per row instead of the causal prefix

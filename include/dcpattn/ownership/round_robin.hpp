@@ -78,6 +78,7 @@ class RoundRobinOwnership {
   }
   /// Empty when the virtual shards are usable (deterministic mode needs them), else a message.
   constexpr const char* validate_virtual_shards() const noexcept {
+    if (n_ < 1) return "group_size must be >= 1";  // checked first: V mod N needs N >= 1
     if (v_ < 1 || (v_ & (v_ - 1)) != 0) return "virtual_shards must be a power of two";
     if (v_ % n_ != 0) return "group_size must divide virtual_shards";
     return "";
