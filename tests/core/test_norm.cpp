@@ -287,14 +287,15 @@ TEST_CASE("layer_norm_row: exact small cases", "[norm]") {
     dcpattn::layer_norm_row(x, w, nullptr, out, 4, 0.0f);
     for (int i = 0; i < 4; ++i)
       CHECK(std::fabs(out[i] - (x[i] - 2.5L) / std::sqrt(1.25L)) <= 8 * kEps);
-    const auto s = dcpattn::layer_norm_stats(10.0f, 30.0f, 4, 0.0f);
-    CHECK(s.mean == 2.5f);
-    CHECK(std::fabs(s.inv_std - 1.0L / std::sqrt(1.25L)) <= 4 * kEps);
+    // squared deviations 2.25 + 0.25 + 0.25 + 2.25 = 5
+    CHECK(std::fabs(dcpattn::layer_norm_inv_std(5.0f, 4, 0.0f) - 1.0L / std::sqrt(1.25L)) <= 4 * kEps);
   }
-  SECTION("cancellation never gives a negative variance") {
-    // sum_sq / n slightly below mean^2 from rounding: the variance is clamped at 0.
-    const auto s = dcpattn::layer_norm_stats(3.0f, 2.9999998f, 3, 1e-5f);
-    CHECK(std::isfinite(s.inv_std));
-    CHECK(std::fabs(s.inv_std - 1.0L / std::sqrt(1e-5L)) <= 1e-3L / std::sqrt(1e-5L));
+  SECTION("a large mean with a small spread keeps its digits (two-pass variance)") {
+    // x = 1e4 + {-1, 0, 1, 0}: E[x^2] - mean^2 in fp32 would cancel to garbage
+    const float x[4] = {9999.0f, 10000.0f, 10001.0f, 10000.0f}, w[4] = {1, 1, 1, 1};
+    float out[4];
+    dcpattn::layer_norm_row(x, w, nullptr, out, 4, 0.0f);
+    const long double sd = std::sqrt(0.5L);
+    for (int i = 0; i < 4; ++i) CHECK(std::fabs(out[i] - (x[i] - 10000.0L) / sd) <= 1e-5L);
   }
 }

@@ -30,18 +30,11 @@ DCPATTN_HOST_DEVICE void rms_norm_row(const TIn* x, const TW* weight, TOut* out,
   for (int i = 0; i < n; ++i) out[i] = from_float<TOut>(to_float(x[i]) * scale * to_float(weight[i]));
 }
 
-/// Mean and 1 / sqrt(var + eps) of a row, from its sum and sum of squares (biased variance,
-/// clamped at 0 against cancellation).
-struct LayerNormStats {
-  float mean;
-  float inv_std;
-};
-DCPATTN_HOST_DEVICE LayerNormStats layer_norm_stats(float sum, float sum_sq, int n,
-                                                    float eps) noexcept {
-  const float mean = sum / float(n);
-  float var = sum_sq / float(n) - mean * mean;
-  var = var > 0.0f ? var : 0.0f;
-  return {mean, 1.0f / cuda::std::sqrt(var + eps)};
+/// 1 / sqrt(var + eps) of a row of n values whose squared deviations from their mean sum to m2.
+/// LayerNorm is computed in two passes (mean, then m2): the one-pass E[x^2] - mean^2 loses every
+/// digit when |mean| is much larger than the spread.
+DCPATTN_HOST_DEVICE float layer_norm_inv_std(float m2, int n, float eps) noexcept {
+  return 1.0f / cuda::std::sqrt(m2 / float(n) + eps);
 }
 
 /// LayerNorm of one row: out[i] = (x[i] - mean) * inv_std * weight[i] + bias[i]; bias may be null
@@ -51,16 +44,18 @@ template <class TIn, class TW, class TOut>
 DCPATTN_HOST_DEVICE void layer_norm_row(const TIn* x, const TW* weight,
                                         const cuda::std::type_identity_t<TW>* bias, TOut* out,
                                         int n, float eps) noexcept {
-  float sum = 0.0f, sum_sq = 0.0f;
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum += to_float(x[i]);
+  const float mean = sum / float(n);
+  float m2 = 0.0f;
   for (int i = 0; i < n; ++i) {
-    const float v = to_float(x[i]);
-    sum += v;
-    sum_sq += v * v;
+    const float d = to_float(x[i]) - mean;
+    m2 += d * d;
   }
-  const LayerNormStats s = layer_norm_stats(sum, sum_sq, n, eps);
+  const float inv_std = layer_norm_inv_std(m2, n, eps);
   for (int i = 0; i < n; ++i) {
     const float b = bias ? to_float(bias[i]) : 0.0f;
-    out[i] = from_float<TOut>((to_float(x[i]) - s.mean) * s.inv_std * to_float(weight[i]) + b);
+    out[i] = from_float<TOut>((to_float(x[i]) - mean) * inv_std * to_float(weight[i]) + b);
   }
 }
 

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <memory>
 
+#include <cuda/std/span>
+
 #include "dcpattn/comm/communicator.hpp"
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/lse.hpp"
@@ -14,6 +16,7 @@
 #include "dcpattn/core/tensor.hpp"
 #include "dcpattn/kernels/host/combine.hpp"
 #include "dcpattn/kernels/host/mla_decode.hpp"
+#include "dcpattn/op/config.hpp"
 
 DCPATTN_NAMESPACE_BEGIN
 
@@ -28,6 +31,9 @@ struct HostExecution {
   static buffer_type allocate(std::size_t bytes) {
     return buffer_type(new std::byte[bytes == 0 ? 1 : bytes]());
   }
+
+  /// Scratch the attention kernels need per forward (none: the host kernels merge splits in place).
+  static std::size_t attention_scratch_bytes(const DcpConfig&, int /*num_splits*/) { return 0; }
 
   /// Copies a strided (T, H, D) view into contiguous row-major memory.
   template <class T>
@@ -52,7 +58,7 @@ struct HostExecution {
                         TensorView<const std::int32_t, 1> row_request,
                         TensorView<const std::int64_t, 1> row_local_length,
                         const MlaDecodeParams& p, TensorView<float, 3> o, TensorView<float, 2> lse,
-                        stream_type) const {
+                        cuda::std::span<std::byte> /*scratch*/, stream_type) const {
     host::mla_decode_dense(q, cache, block_table, row_request, row_local_length, p, o, lse);
   }
 
@@ -63,7 +69,8 @@ struct HostExecution {
                          TensorView<const std::int32_t, 2> topk,
                          TensorView<const std::int64_t, 1> row_bound, const Ownership& own,
                          int rank, const MlaDecodeParams& p, TensorView<float, 3> o,
-                         TensorView<float, 2> lse, stream_type) const {
+                         TensorView<float, 2> lse, cuda::std::span<std::byte> /*scratch*/,
+                         stream_type) const {
     host::mla_decode_sparse(q, cache, block_table, row_request, topk, row_bound, own, rank, p, o,
                             lse);
   }

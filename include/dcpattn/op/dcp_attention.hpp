@@ -191,16 +191,18 @@ class DcpAttention {
     p.interleave = c.interleave;
     p.num_splits = num_splits();
     p.num_valid_rows = a.num_valid_rows;
+    const cuda::std::span<std::byte> attention_scratch(base + w.attention, w.attention_bytes);
     if constexpr (Kernel::is_sparse) {
       exec_.mla_decode_sparse(outcome.query, a.cache, a.block_table, a.row_request, a.topk,
-                              a.row_bound, own_, comm_->rank(), p, o, lse, stream);
+                              a.row_bound, own_, comm_->rank(), p, o, lse, attention_scratch,
+                              stream);
     } else {
       auto* local_len = reinterpret_cast<std::int64_t*>(base + w.row_lengths);
       exec_.row_local_lengths(own_, comm_->rank(), a.row_bound, a.num_valid_rows, local_len,
                               stream);
       exec_.mla_decode_dense(outcome.query, a.cache, a.block_table, a.row_request,
                              make_view(static_cast<const std::int64_t*>(local_len), {t}), p, o,
-                             lse, stream);
+                             lse, attention_scratch, stream);
     }
 
     // 3. merge the N partial states of this rank's heads
@@ -218,16 +220,17 @@ class DcpAttention {
 
   /// Local splits per rank: V / N (the virtual shards this rank owns) when N divides V, else 1
   /// (fast mode only).
-  int num_splits() const noexcept {
-    return config_.virtual_shards % config_.group_size == 0
-               ? config_.virtual_shards / config_.group_size
+  int num_splits() const noexcept { return num_splits(config_); }
+  static int num_splits(const DcpConfig& c) noexcept {
+    return c.group_size > 0 && c.virtual_shards % c.group_size == 0
+               ? c.virtual_shards / c.group_size
                : 1;
   }
 
  private:
   struct Layout {
-    std::size_t gather, gather_bytes, partial_o, partial_lse, row_lengths, combine, combine_bytes,
-        total;
+    std::size_t gather, gather_bytes, partial_o, partial_lse, row_lengths, attention,
+        attention_bytes, combine, combine_bytes, total;
   };
   static Layout layout(const DcpConfig& c) {
     auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
@@ -244,6 +247,9 @@ class DcpAttention {
     at += align(t * h * sizeof(float));
     l.row_lengths = at;
     at += align(t * sizeof(std::int64_t));
+    l.attention = at;
+    l.attention_bytes = c.group_size > 0 ? Exec::attention_scratch_bytes(c, num_splits(c)) : 0;
+    at += align(l.attention_bytes);
     l.combine = at;
     l.combine_bytes = c.group_size > 0 ? Combiner::scratch_bytes(c) : 0;
     at += align(l.combine_bytes);
