@@ -15,12 +15,42 @@
 
 #include "dcpattn/error.hpp"
 
+#if DCPATTN_TEST_CUDA
+#include <cuda_runtime_api.h>
+
+namespace {
+/// Binds this rank to GPU (node-local rank mod device count). Returns false on every rank when
+/// any rank sees no usable GPU, so all ranks skip together.
+bool bind_gpu(int rank) {
+  int count = 0;
+  const bool have = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  int all_have = 0, mine = have ? 1 : 0;
+  MPI_Allreduce(&mine, &all_have, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all_have) return false;
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  return cudaSetDevice(local % count) == cudaSuccess;
+}
+}  // namespace
+#endif
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   dcpattn::set_error_rank(rank);
+
+#if DCPATTN_TEST_CUDA
+  if (!bind_gpu(rank)) {
+    if (rank == 0) std::printf("dcpattn GPU tests: no CUDA device, skipped\n");
+    MPI_Finalize();
+    return 77;  // ctest SKIP_RETURN_CODE
+  }
+#endif
 
   int failed = 0;
   {
