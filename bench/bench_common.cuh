@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// Shared pieces of the GPU benchmarks: CUDA-event timing with warm-up and medians, the device's
+// measured copy bandwidth (the memory ceiling every figure is set against), and JSON output.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "dcpattn/error.hpp"
+
+namespace dcpattn::bench {
+
+/// Median time in microseconds of `fn()` (which enqueues work on `stream`), after `warmup` calls,
+/// over `reps` calls timed one by one with CUDA events.
+template <class Fn>
+double median_us(Fn&& fn, cudaStream_t stream, int warmup = 10, int reps = 50) {
+  for (int i = 0; i < warmup; ++i) fn();
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t a, b;
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&a));
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us(static_cast<std::size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    DCPATTN_CUDA_CHECK(cudaEventRecord(a, stream));
+    fn();
+    DCPATTN_CUDA_CHECK(cudaEventRecord(b, stream));
+    DCPATTN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    DCPATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us[static_cast<std::size_t>(i)] = 1000.0 * ms;
+  }
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+/// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured on a buffer
+/// several times the L2 size: the practical memory ceiling of this GPU.
+inline double measure_copy_bandwidth_gbs(cudaStream_t stream, std::size_t bytes = std::size_t(2) << 30) {
+  void *src = nullptr, *dst = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&src, bytes));
+  DCPATTN_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  DCPATTN_CUDA_CHECK(cudaMemsetAsync(src, 1, bytes, stream));
+  const double us = median_us(
+      [&] { DCPATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); },
+      stream, 3, 20);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * double(bytes) / (us * 1e3);
+}
+
+/// Collects flat records and writes them as a JSON array: [{"key": value, ...}, ...].
+class JsonRecords {
+ public:
+  JsonRecords& begin() {
+    rows_.emplace_back();
+    return *this;
+  }
+  JsonRecords& field(const std::string& k, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    rows_.back().emplace_back(k, buf);
+    return *this;
+  }
+  JsonRecords& field(const std::string& k, const std::string& v) {
+    rows_.back().emplace_back(k, "\"" + v + "\"");
+    return *this;
+  }
+  void write(const std::string& path) const {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) throw dcpattn::Error("cannot open " + path + " for writing");
+    std::fprintf(f, "[\n");
+    for (std::size_t r = 0; r < rows_.size(); ++r) {
+      std::fprintf(f, "  {");
+      for (std::size_t i = 0; i < rows_[r].size(); ++i)
+        std::fprintf(f, "%s\"%s\": %s", i ? ", " : "", rows_[r][i].first.c_str(),
+                     rows_[r][i].second.c_str());
+      std::fprintf(f, "}%s\n", r + 1 < rows_.size() ? "," : "");
+    }
+    std::fprintf(f, "]\n");
+    std::fclose(f);
+  }
+
+ private:
+  std::vector<std::vector<std::pair<std::string, std::string>>> rows_;
+};
+
+/// Output path for a benchmark's JSON: argv[1] if given, else `fallback`.
+inline std::string json_path(int argc, char** argv, const char* fallback) {
+  return argc > 1 ? std::string(argv[1]) : std::string(fallback);
+}
+
+}  // namespace dcpattn::bench
