@@ -201,3 +201,66 @@ TEST_CASE("combiners: +inf, NaN and -inf LSE from every rank give the neutral el
     for (auto l : out_lse) REQUIRE((std::isinf(l) && l < 0));
   }
 }
+
+TEST_CASE("a configuration that differs across ranks is refused on every rank", "[op][config]") {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int n = world.size();
+  DcpConfig c = good_config(n);
+  c.num_heads = 8 * n;
+  if (world.rank() == 0 && n > 1) c.num_heads = 16 * n;  // valid alone, inconsistent as a group
+  if (n == 1) {
+    CHECK_NOTHROW(DenseOp(world, c));
+    return;
+  }
+  std::string message;
+  try {
+    DenseOp op(world, c);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("num_heads") != std::string::npos);
+  CHECK(message.find("differs across the DCP group") != std::string::npos);
+}
+
+TEST_CASE("validate_collectively: one rank's bad input raises on every rank, naming it",
+          "[op][config]") {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int n = world.size(), culprit = n - 1;
+  DcpConfig c = good_config(n);
+  c.validate_collectively = true;
+  DenseOp op(world, c);
+  const std::int64_t t = 1, hl = c.num_heads / n;
+  // the culprit passes q with one head too many; everyone else is fine
+  const std::int64_t heads = world.rank() == culprit ? hl + 1 : hl;
+  std::vector<bfloat16> q(std::size_t(t * heads * kMlaQkDim));
+  std::vector<bfloat16> cache(64 * kMlaQkDim);
+  std::vector<std::int32_t> table{0}, req{0};
+  std::vector<std::int64_t> bound{1};
+  std::vector<bfloat16> out(std::size_t(t * hl * kMlaVDim));
+  DenseOp::Arguments a;
+  a.q = make_view(static_cast<const bfloat16*>(q.data()), {t, heads, std::int64_t(kMlaQkDim)});
+  a.cache = make_view(static_cast<const bfloat16*>(cache.data()), {64, std::int64_t(kMlaQkDim)});
+  a.block_table = make_view(static_cast<const std::int32_t*>(table.data()), {1, 1});
+  a.row_request = make_view(static_cast<const std::int32_t*>(req.data()), {t});
+  a.row_bound = make_view(static_cast<const std::int64_t*>(bound.data()), {t});
+  a.num_valid_rows = 1;
+  a.out = make_view(out.data(), {t, hl, std::int64_t(kMlaVDim)});
+  std::vector<std::byte> ws(DenseOp::workspace_bytes(c));
+  std::string message;
+  try {
+    op.forward(a, ws);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  if (world.rank() == culprit)
+    CHECK(message.find("q must be") != std::string::npos);
+  else
+    CHECK(message.find("rank " + std::to_string(culprit) + " of the DCP group refused") !=
+          std::string::npos);
+  // the group is still usable afterwards: a good call on every rank runs
+  std::vector<bfloat16> q_ok(std::size_t(t * hl * kMlaQkDim));
+  a.q = make_view(static_cast<const bfloat16*>(q_ok.data()), {t, hl, std::int64_t(kMlaQkDim)});
+  CHECK_NOTHROW(op.forward(a, ws));
+}

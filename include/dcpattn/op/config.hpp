@@ -36,6 +36,12 @@ struct DcpConfig {
   float softmax_scale = 0.0f; ///< > 0; DeepSeek-V3.2: 1/sqrt(192) before any YaRN factor
   DcpMode mode = DcpMode::deterministic;
   PartialDtype partial_dtype = PartialDtype::fp32;  ///< bf16 only in fast mode
+  /// Before communicating, forward() agrees with the other ranks (one small blocking collective)
+  /// on whether every rank accepted its inputs, so a bad input on one rank raises a
+  /// dcpattn::Error naming that rank on every rank instead of leaving the others waiting in a
+  /// collective. Costs a host round trip per step (a stream sync on the GPU): for debugging and
+  /// CI. Needs a communicator with all_reduce_max_int. [optional] (default: false)
+  bool validate_collectively = false;
 };
 
 DCPATTN_NAMESPACE_END

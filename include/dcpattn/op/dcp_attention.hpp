@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -146,6 +147,7 @@ class DcpAttention {
         DCPATTN_REQUIRE(own_.num_virtual_shards() == config.virtual_shards,
                         "the ownership policy's virtual shards differ from config.virtual_shards");
     }
+    check_same_config_on_all_ranks();
     persistent_ = Exec::allocate(Gather::persistent_bytes(config));
   }
 
@@ -167,7 +169,11 @@ class DcpAttention {
   /// configuration, before any communication.
   ForwardInfo forward(const Arguments& a, cuda::std::span<std::byte> workspace,
                       stream_type stream = {}) {
-    check_arguments(a, workspace);
+    if (config_.validate_collectively) {
+      check_arguments_collectively(a, workspace);
+    } else {
+      check_arguments(a, workspace);
+    }
     const DcpConfig& c = config_;
     const Layout w = layout(c);
     std::byte* base = workspace.data();
@@ -255,6 +261,68 @@ class DcpAttention {
     at += align(l.combine_bytes);
     l.total = at;
     return l;
+  }
+
+  static constexpr bool comm_can_agree = requires(Comm& c) {
+    { c.all_reduce_max_int(0) } -> std::convertible_to<int>;
+  };
+
+  /// Refuses, on every rank, a configuration that differs between ranks (a deployment error that
+  /// would otherwise deadlock or corrupt the exchange). One pair of small collectives compares a
+  /// hash; only on a mismatch are fields compared one by one, to name the first that differs.
+  void check_same_config_on_all_ranks() {
+    if constexpr (comm_can_agree) {
+      const DcpConfig& c = config_;
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &c.softmax_scale, sizeof bits);
+      const std::pair<const char*, long long> fields[] = {
+          {"group_size", c.group_size},         {"num_heads", c.num_heads},
+          {"head_dim_qk", c.head_dim_qk},       {"head_dim_v", c.head_dim_v},
+          {"page_size", c.page_size},           {"interleave", c.interleave},
+          {"virtual_shards", c.virtual_shards}, {"max_tokens", c.max_tokens},
+          {"gather_capacity", c.gather_capacity}, {"topk", c.topk},
+          {"softmax_scale", (long long)bits},   {"mode", (long long)c.mode},
+          {"partial_dtype", (long long)c.partial_dtype},
+          {"validate_collectively", (long long)c.validate_collectively}};
+      auto agree = [&](int v) {  // true on every rank iff v is the same on every rank
+        const int hi = comm_->all_reduce_max_int(v);
+        const int lo = -comm_->all_reduce_max_int(-v);
+        return hi == v && lo == v;
+      };
+      std::uint32_t h = 2166136261u;
+      for (const auto& f : fields) h = (h ^ std::uint32_t(f.second)) * 16777619u;
+      if (agree(int(h & 0x3fffffffu))) return;
+      for (const auto& f : fields)
+        if (!agree(int(f.second & 0x3fffffff)))
+          throw Error(std::string("config.") + f.first + " (" + std::to_string(f.second) +
+                          " on this rank) differs across the DCP group; every rank must use the "
+                          "same configuration",
+                      "DcpAttention");
+      throw Error("the configuration differs across the DCP group", "DcpAttention");
+    }
+  }
+
+  /// check_arguments, agreed across the group: if any rank refuses its inputs, every rank throws
+  /// an Error naming the lowest such rank (and its message, on that rank).
+  void check_arguments_collectively(const Arguments& a, cuda::std::span<std::byte> workspace) {
+    static_assert(comm_can_agree,
+                  "dcpattn: validate_collectively needs a communicator with all_reduce_max_int");
+    std::string mine;
+    try {
+      check_arguments(a, workspace);
+    } catch (const Error& e) {
+      mine = e.message();
+    }
+    const int me = comm_->rank();
+    const int n = comm_->size();
+    // the lowest refusing rank r reports as n - r, so max() picks it; 0 = everyone accepted
+    const int worst = comm_->all_reduce_max_int(mine.empty() ? 0 : n - me);
+    if (worst == 0) return;
+    const int culprit = n - worst;
+    throw Error(culprit == me ? mine
+                              : "rank " + std::to_string(culprit) +
+                                    " of the DCP group refused its inputs; no rank communicated",
+                "DcpAttention::forward");
   }
 
   void check_arguments(const Arguments& a, cuda::std::span<std::byte> workspace) const {
