@@ -2,9 +2,11 @@
 // NcclCommunicator: a DCP group over NCCL, on device buffers, ordered on CUDA streams.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -228,7 +230,45 @@ class NcclCommunicator {
     return result;
   }
 
+  /// Opt-in watchdog for a step's collectives: waits until everything enqueued on `stream` so far
+  /// has completed, polling ncclCommGetAsyncError meanwhile. On an asynchronous NCCL error, or
+  /// when `timeout` passes first (a peer died or never joined), it aborts the communicator
+  /// (ncclCommAbort: no rank stays blocked in it), leaves this object unusable, and throws
+  /// dcpattn::Error naming this rank and the cause. Blocking: call it where the engine would
+  /// synchronize anyway, not inside a CUDA graph capture.
+  void synchronize_with_watchdog(cudaStream_t stream, std::chrono::milliseconds timeout) {
+    require_live();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const cudaError_t done = cudaStreamQuery(stream);
+      if (done == cudaSuccess) return;
+      if (done != cudaErrorNotReady) DCPATTN_CUDA_CHECK(done);
+      ncclResult_t async = ncclSuccess;
+      DCPATTN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort_comm();
+        throw Error(std::string("NCCL asynchronous error in a collective: ") +
+                        ncclGetErrorString(async) + "; communicator aborted",
+                    "NcclCommunicator::synchronize_with_watchdog");
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        abort_comm();
+        throw Error("collectives did not complete within " + std::to_string(timeout.count()) +
+                        " ms (a peer may have failed); communicator aborted",
+                    "NcclCommunicator::synchronize_with_watchdog");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
  private:
+  /// ncclCommAbort instead of ncclCommDestroy: returns even while peers are gone.
+  void abort_comm() noexcept {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    release();
+  }
+
   NcclCommunicator(ncclComm_t comm, bool owns) : comm_(comm), owns_(owns) {
     DCPATTN_REQUIRE(comm != nullptr, "comm must not be null");
     try {
