@@ -423,6 +423,9 @@ TEST_CASE("prologue refuses bad slot_mapping and positions before writing anythi
   b.slot_mapping[3] = -2;
   expect_refused("slot_mapping[3]");
   b.slot_mapping = good;
+  b.slot_mapping[3] = b.slot_mapping[0];  // two rows writing one slot
+  expect_refused("are both");
+  b.slot_mapping = good;
   b.index_pages = 1;  // slot 20 lies in page 1 of the indexer cache
   expect_refused("index_k_cache");
   b.index_pages = 3;

@@ -8,8 +8,11 @@
 // non-owner ranks attend with unnormalized queries.)
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/fp8_cache.hpp"
@@ -164,6 +167,16 @@ void validate_prologue(const PrologueArgs<KvCacheView>& a) {
                         " is outside cos_sin_cache (max_position = " +
                         std::to_string(a.cos_sin_cache.extent(0)) + ")");
   }
+  // Two rows writing one slot would leave the entry to whichever runs last (on the GPU: a race).
+  std::vector<std::pair<std::int64_t, std::int64_t>> written;  // (slot, row)
+  for (std::int64_t t = 0; t < T; ++t)
+    if (a.slot_mapping(t) >= 0) written.emplace_back(a.slot_mapping(t), t);
+  std::sort(written.begin(), written.end());
+  for (std::size_t i = 1; i < written.size(); ++i)
+    DCPATTN_REQUIRE(written[i].first != written[i - 1].first,
+                    "slot_mapping[" + std::to_string(written[i - 1].second) + "] and slot_mapping[" +
+                        std::to_string(written[i].second) + "] are both " +
+                        std::to_string(written[i].first) + ": each slot is written by one row");
 }
 
 /// Row `pos` of the cos/sin cache as two contiguous halves.
