@@ -120,9 +120,13 @@ class DcpAttention {
       if (c.partial_dtype != PartialDtype::fp32)
         return fail("partial_dtype: deterministic mode exchanges fp32 partials");
     }
+    if (c.validate_collectively && !comm_can_agree)
+      return fail(
+          "validate_collectively: the communicator has no all_reduce_max_int to agree with");
     if (!Combiner::supports(c.mode))
-      return fail("mode: the combiner does not support this mode (AllGatherReduceScatter is "
-                  "fast-mode only)");
+      return fail(
+          "mode: the combiner does not support this mode (AllGatherReduceScatter is "
+          "fast-mode only)");
     return Status::success();
   }
 
@@ -153,8 +157,8 @@ class DcpAttention {
 
   /// Builds the operator with Ownership(group_size, interleave, virtual_shards) from the config
   /// (RoundRobinOwnership).
-  DcpAttention(Comm& comm, const DcpConfig& config, Exec exec = {})
-    requires std::is_constructible_v<Ownership, int, int, int>
+  DcpAttention(Comm& comm, const DcpConfig& config,
+               Exec exec = {}) requires std::is_constructible_v<Ownership, int, int, int>
       : DcpAttention(comm, config,
                      Ownership(config.group_size, config.interleave, config.virtual_shards),
                      std::move(exec)) {}
@@ -181,10 +185,10 @@ class DcpAttention {
     const std::int64_t h = c.num_heads;
 
     // 1. every rank needs every head's query
-    const auto outcome = Gather::gather(
-        *comm_, exec_, a.q,
-        cuda::std::span<std::byte>(persistent_.get(), Gather::persistent_bytes(c)),
-        cuda::std::span<std::byte>(base + w.gather, w.gather_bytes), c, stream);
+    const auto outcome =
+        Gather::gather(*comm_, exec_, a.q,
+                       cuda::std::span<std::byte>(persistent_.get(), Gather::persistent_bytes(c)),
+                       cuda::std::span<std::byte>(base + w.gather, w.gather_bytes), c, stream);
 
     // 2. attend all H heads over the local shard: one partial state per (row, head)
     float* o_ptr = reinterpret_cast<float*>(base + w.partial_o);
@@ -207,8 +211,8 @@ class DcpAttention {
       exec_.row_local_lengths(own_, comm_->rank(), a.row_bound, a.num_valid_rows, local_len,
                               stream);
       exec_.mla_decode_dense(outcome.query, a.cache, a.block_table, a.row_request,
-                             make_view(static_cast<const std::int64_t*>(local_len), {t}), p, o,
-                             lse, attention_scratch, stream);
+                             make_view(static_cast<const std::int64_t*>(local_len), {t}), p, o, lse,
+                             attention_scratch, stream);
     }
 
     // 3. merge the N partial states of this rank's heads
@@ -263,7 +267,7 @@ class DcpAttention {
     return l;
   }
 
-  static constexpr bool comm_can_agree = requires(Comm& c) {
+  static constexpr bool comm_can_agree = requires(Comm & c) {
     { c.all_reduce_max_int(0) } -> std::convertible_to<int>;
   };
 
@@ -276,12 +280,18 @@ class DcpAttention {
       std::uint32_t bits = 0;
       std::memcpy(&bits, &c.softmax_scale, sizeof bits);
       const std::pair<const char*, long long> fields[] = {
-          {"group_size", c.group_size},         {"num_heads", c.num_heads},
-          {"head_dim_qk", c.head_dim_qk},       {"head_dim_v", c.head_dim_v},
-          {"page_size", c.page_size},           {"interleave", c.interleave},
-          {"virtual_shards", c.virtual_shards}, {"max_tokens", c.max_tokens},
-          {"gather_capacity", c.gather_capacity}, {"topk", c.topk},
-          {"softmax_scale", (long long)bits},   {"mode", (long long)c.mode},
+          {"group_size", c.group_size},
+          {"num_heads", c.num_heads},
+          {"head_dim_qk", c.head_dim_qk},
+          {"head_dim_v", c.head_dim_v},
+          {"page_size", c.page_size},
+          {"interleave", c.interleave},
+          {"virtual_shards", c.virtual_shards},
+          {"max_tokens", c.max_tokens},
+          {"gather_capacity", c.gather_capacity},
+          {"topk", c.topk},
+          {"softmax_scale", (long long)bits},
+          {"mode", (long long)c.mode},
           {"partial_dtype", (long long)c.partial_dtype},
           {"validate_collectively", (long long)c.validate_collectively}};
       auto agree = [&](int v) {  // true on every rank iff v is the same on every rank
@@ -305,24 +315,27 @@ class DcpAttention {
   /// check_arguments, agreed across the group: if any rank refuses its inputs, every rank throws
   /// an Error naming the lowest such rank (and its message, on that rank).
   void check_arguments_collectively(const Arguments& a, cuda::std::span<std::byte> workspace) {
-    static_assert(comm_can_agree,
-                  "dcpattn: validate_collectively needs a communicator with all_reduce_max_int");
-    std::string mine;
-    try {
-      check_arguments(a, workspace);
-    } catch (const Error& e) {
-      mine = e.message();
+    if constexpr (!comm_can_agree) {
+      check_arguments(a, workspace);  // unreachable: can_implement refuses the combination
+      return;
+    } else {
+      std::string mine;
+      try {
+        check_arguments(a, workspace);
+      } catch (const Error& e) {
+        mine = e.message();
+      }
+      const int me = comm_->rank();
+      const int n = comm_->size();
+      // the lowest refusing rank r reports as n - r, so max() picks it; 0 = everyone accepted
+      const int worst = comm_->all_reduce_max_int(mine.empty() ? 0 : n - me);
+      if (worst == 0) return;
+      const int culprit = n - worst;
+      throw Error(culprit == me ? mine
+                                : "rank " + std::to_string(culprit) +
+                                      " of the DCP group refused its inputs; no rank communicated",
+                  "DcpAttention::forward");
     }
-    const int me = comm_->rank();
-    const int n = comm_->size();
-    // the lowest refusing rank r reports as n - r, so max() picks it; 0 = everyone accepted
-    const int worst = comm_->all_reduce_max_int(mine.empty() ? 0 : n - me);
-    if (worst == 0) return;
-    const int culprit = n - worst;
-    throw Error(culprit == me ? mine
-                              : "rank " + std::to_string(culprit) +
-                                    " of the DCP group refused its inputs; no rank communicated",
-                "DcpAttention::forward");
   }
 
   void check_arguments(const Arguments& a, cuda::std::span<std::byte> workspace) const {
@@ -330,20 +343,22 @@ class DcpAttention {
     const std::int64_t t = a.q.extent(0);
     const std::int64_t hl = c.num_heads / c.group_size;
     auto s = [](auto v) { return std::to_string(v); };
-    DCPATTN_REQUIRE(t <= c.max_tokens,
-                    "q has " + s(t) + " rows, more than config.max_tokens (" + s(c.max_tokens) + ")");
+    DCPATTN_REQUIRE(t <= c.max_tokens, "q has " + s(t) + " rows, more than config.max_tokens (" +
+                                           s(c.max_tokens) + ")");
     DCPATTN_REQUIRE(a.q.extent(1) == Gather::query_heads(c) && a.q.extent(2) == c.head_dim_qk,
                     "q must be (T, " + s(Gather::query_heads(c)) + ", " + s(c.head_dim_qk) +
                         "), got (" + s(a.q.extent(0)) + ", " + s(a.q.extent(1)) + ", " +
                         s(a.q.extent(2)) + ")");
-    DCPATTN_REQUIRE(a.num_valid_rows >= 0 && a.num_valid_rows <= t,
-                    "num_valid_rows (" + s(a.num_valid_rows) + ") must be in [0, T = " + s(t) + "]");
+    DCPATTN_REQUIRE(
+        a.num_valid_rows >= 0 && a.num_valid_rows <= t,
+        "num_valid_rows (" + s(a.num_valid_rows) + ") must be in [0, T = " + s(t) + "]");
     DCPATTN_REQUIRE(a.row_request.extent(0) == t,
                     "row_request has " + s(a.row_request.extent(0)) + " rows, q has " + s(t));
     DCPATTN_REQUIRE(a.row_bound.extent(0) == t,
                     "row_bound has " + s(a.row_bound.extent(0)) + " rows, q has " + s(t));
-    DCPATTN_REQUIRE(a.out.extent(0) == t && a.out.extent(1) == hl && a.out.extent(2) == c.head_dim_v,
-                    "out must be (T, " + s(hl) + ", " + s(c.head_dim_v) + ")");
+    DCPATTN_REQUIRE(
+        a.out.extent(0) == t && a.out.extent(1) == hl && a.out.extent(2) == c.head_dim_v,
+        "out must be (T, " + s(hl) + ", " + s(c.head_dim_v) + ")");
     DCPATTN_REQUIRE(a.out_lse.data_handle() == nullptr ||
                         (a.out_lse.extent(0) == t && a.out_lse.extent(1) == hl),
                     "out_lse must be (T, " + s(hl) + ") or empty");
