@@ -40,6 +40,34 @@ constexpr DCPATTN_HOST_DEVICE float sanitize_lse(float lse, lse_base_2) noexcept
   return sanitize_lse(lse) * ln2;  // -inf * ln2 stays -inf
 }
 
+namespace detail {
+// Explicitly rounded float operations. Deterministic mode needs every kernel that merges states
+// (the split merge after attention, the rank merge in the combine) to produce the same bits from
+// the same inputs; nvcc may otherwise contract a multiply and an add into one FMA in one kernel
+// and not in another. On the host these are the plain operations.
+DCPATTN_HOST_DEVICE float add_rn(float a, float b) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+DCPATTN_HOST_DEVICE float sub_rn(float a, float b) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+DCPATTN_HOST_DEVICE float mul_rn(float a, float b) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+}  // namespace detail
+
 /// Result of merging two LSE values: the merged lse and the weight of each input
 /// (exp(lse_x - lse), exactly 0 for an empty input).
 struct MergeWeights {
@@ -57,15 +85,15 @@ DCPATTN_HOST_DEVICE MergeWeights merge_lse(float lse_a, float lse_b) noexcept {
   // One side empty: the other passes through exactly (m + log(1) would turn lse = -0 into +0).
   if (lse_b == lse_neg_inf) return {lse_a, 1.0f, 0.0f};
   if (lse_a == lse_neg_inf) return {lse_b, 0.0f, 1.0f};
-  const float ea = cuda::std::exp(lse_a - m);
-  const float eb = cuda::std::exp(lse_b - m);
-  const float lse = m + cuda::std::log(ea + eb);
-  return {lse, cuda::std::exp(lse_a - lse), cuda::std::exp(lse_b - lse)};
+  const float ea = cuda::std::exp(detail::sub_rn(lse_a, m));
+  const float eb = cuda::std::exp(detail::sub_rn(lse_b, m));
+  const float lse = detail::add_rn(m, cuda::std::log(detail::add_rn(ea, eb)));
+  return {lse, cuda::std::exp(detail::sub_rn(lse_a, lse)), cuda::std::exp(detail::sub_rn(lse_b, lse))};
 }
 
 /// w * o where a zero weight means "this input is empty": the result is 0 even for o = inf or NaN.
-constexpr DCPATTN_HOST_DEVICE float weighted(float w, float o) noexcept {
-  return w != 0.0f ? w * o : 0.0f;
+DCPATTN_HOST_DEVICE float weighted(float w, float o) noexcept {
+  return w != 0.0f ? detail::mul_rn(w, o) : 0.0f;
 }
 
 /// Merges state b into state a in place: (o_a, lse_a) <- (o_a, lse_a) (+) (o_b, lse_b).
@@ -78,7 +106,7 @@ DCPATTN_HOST_DEVICE void merge_state_into(float* o_a, float& lse_a, const float*
     const float tb = weighted(w.w_b, o_b[i]);
     // A zero-weight side contributes nothing, not even the +0 that would turn o = -0 into +0:
     // merging with an empty state leaves the other state bit-identical.
-    o_a[i] = w.w_b == 0.0f ? ta : (w.w_a == 0.0f ? tb : ta + tb);
+    o_a[i] = w.w_b == 0.0f ? ta : (w.w_a == 0.0f ? tb : detail::add_rn(ta, tb));
   }
   lse_a = w.lse;
 }
@@ -94,13 +122,13 @@ DCPATTN_HOST_DEVICE float merge_lse_n(LseAt&& lse_at, int n) noexcept {
   }
   if (m == lse_neg_inf) return lse_neg_inf;
   float sum = 0.0f;
-  for (int i = 0; i < n; ++i) sum += cuda::std::exp(lse_at(i) - m);
-  return m + cuda::std::log(sum);
+  for (int i = 0; i < n; ++i) sum = detail::add_rn(sum, cuda::std::exp(detail::sub_rn(lse_at(i), m)));
+  return detail::add_rn(m, cuda::std::log(sum));
 }
 
 /// Weight of an input with LSE `lse` in a merge whose total LSE is `total` (0 when either is empty).
 DCPATTN_HOST_DEVICE float merge_weight(float lse, float total) noexcept {
-  return total == lse_neg_inf ? 0.0f : cuda::std::exp(lse - total);
+  return total == lse_neg_inf ? 0.0f : cuda::std::exp(detail::sub_rn(lse, total));
 }
 
 /// The fixed binary merge tree of deterministic mode. `count` (a power of two) states indexed
