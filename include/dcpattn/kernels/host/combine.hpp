@@ -38,6 +38,23 @@ struct A2aChunkLayout {
 
 }  // namespace detail
 
+namespace detail {
+/// State r of N states stored as o (N, dv) and lse (N) arrays (for tree_merge; a functor rather
+/// than a lambda so nvcc accepts it in host-device code).
+struct StridedStates {
+  float* o;
+  float* lse;
+  std::int64_t dv;
+  DCPATTN_HOST_DEVICE TreeStateRef operator()(int r) const { return {o + r * dv, lse + r}; }
+};
+/// Element r of a strided float array.
+struct StridedLse {
+  const float* lse;
+  std::size_t stride;
+  DCPATTN_HOST_DEVICE float operator()(int r) const { return lse[std::size_t(r) * stride]; }
+};
+}  // namespace detail
+
 namespace host {
 
 /// Packs the local partial state for an all-to-all. o: (T, H, Dv) fp32, lse: (T, H) in the kernel's
@@ -96,12 +113,12 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
       }
       float merged_lse;
       if (mode == DcpMode::deterministic) {
-        tree_merge([&](int r) { return TreeStateRef{&o_states[r * dv], &lse_states[r]}; },
-                   group_size, int(dv));
+        tree_merge(detail::StridedStates{o_states.data(), lse_states.data(), dv}, group_size,
+                   int(dv));
         merged_lse = lse_states[0];
         for (std::int64_t i = 0; i < dv; ++i) out(t, hh, i) = from_float<OutT>(o_states[i]);
       } else {
-        merged_lse = merge_lse_n([&](int r) { return lse_states[r]; }, group_size);
+        merged_lse = merge_lse_n(detail::StridedLse{lse_states.data(), 1}, group_size);
         for (std::int64_t i = 0; i < dv; ++i) {
           float acc = 0.0f;
           for (int r = 0; r < group_size; ++r)
@@ -127,7 +144,7 @@ inline void combine_rescale_agrs(TensorView<const float, 3> o, const float* lse_
     for (std::int64_t h = 0; h < heads; ++h) {
       const std::size_t idx = std::size_t(t * heads + h);
       const float total =
-          merge_lse_n([&](int r) { return lse_all[std::size_t(r) * plane + idx]; }, group_size);
+          merge_lse_n(detail::StridedLse{lse_all + idx, plane}, group_size);
       const float w = merge_weight(lse_all[std::size_t(rank) * plane + idx], total);
       const std::int64_t d = h / hl, hh = h % hl;
       float* dst = packed + ((std::size_t(d) * t_count + t) * hl + hh) * dv;

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Plots the benchmark JSON files of a results folder (bench/run_gpu.sh writes them there).
+
+usage: plot.py [results_dir] [out_dir]   (defaults: bench/results, the results folder)
+
+Every *.json file holding a list of flat records is read. Files are grouped into families by name
+(prologue.json and prologue_peer.json -> "prologue"; combine.json and combine_peers.json ->
+"combine"). For each family one PNG, <family>.png, shows time per call against the size swept
+(T, or the field with most distinct values among context / batch / tokens) on log-log axes and,
+where the records carry a bandwidth (gbs / gbps), achieved GB/s with the measured copy bandwidth
+drawn as the ceiling. One line per combination of the descriptive fields that vary (impl, config,
+cache format, partial dtype, ...); fields determined by another one (cache by config) are left out
+of the labels. Families with many lines are split into one PNG per value of a field
+(<family>_<field>-<value>.png). Exits 0 with a message if matplotlib is not available.
+"""
+import collections
+import glob
+import json
+import os
+import sys
+
+X_KEYS = ("T", "context", "batch", "tokens", "rows", "num_tokens")
+TIME_KEYS = ("median_us", "us", "time_us")
+BW_KEYS = ("gbs", "gbps", "key_gbs")
+CEILING_KEYS = ("copy_gbs",)
+# Measurements and bookkeeping, never part of a line's label.
+NOT_LABELS = {
+    "bench", "device", "torch", "bytes", "sets", "owned_rows", "calls_per_graph", "copy_gbs",
+    "stream_us", "note", "H_local",
+}
+MAX_LINES = 10
+
+
+def is_measurement(key):
+    return (key in NOT_LABELS or key in TIME_KEYS or key in BW_KEYS or key.startswith("pct")
+            or key.startswith("us_") or key.startswith("tflops") or key.endswith("_us")
+            or key.endswith("_gbs"))
+
+
+def family_of(path):
+    stem = os.path.splitext(os.path.basename(path))[0]
+    for suffix in ("_peers", "_peer"):
+        if stem.endswith(suffix):
+            return stem[: -len(suffix)]
+    return stem
+
+
+def load(results):
+    families = collections.defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(results, "*.json"))):
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"plot: skipping {path}: {e}")
+            continue
+        if not isinstance(data, list):
+            continue
+        for r in data:
+            if isinstance(r, dict):
+                families[family_of(path)].append(r)
+    return families
+
+
+def ceiling_of(records):
+    """Measured copy bandwidth: a copy_ceiling record (impl or kernel) or a copy_gbs field."""
+    values = []
+    for r in records:
+        if "copy_ceiling" in (r.get("impl"), r.get("kernel")):
+            values += [r[k] for k in BW_KEYS if isinstance(r.get(k), (int, float))]
+        values += [r[k] for k in CEILING_KEYS if isinstance(r.get(k), (int, float))]
+    return max(values) if values else None
+
+
+def fmt(v):
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def label_keys(records, x_key):
+    """Descriptive fields that vary, minus those determined by an earlier one."""
+    keys = []
+    for r in records:
+        for k in r:
+            if k not in keys and k != x_key and not is_measurement(k):
+                keys.append(k)
+    varying = [k for k in keys if len({fmt(r.get(k)) for r in records}) > 1]
+    kept = []
+    for k in varying:
+        determined = False
+        for j in kept:
+            mapping = {}
+            if all(mapping.setdefault(fmt(r.get(j)), fmt(r.get(k))) == fmt(r.get(k)) for r in records):
+                determined = True
+                break
+        if not determined:
+            kept.append(k)
+    return kept
+
+
+def draw(plt, title, records, x_key, t_key, bw_key, keys, ceiling, path):
+    lines = collections.defaultdict(list)
+    for r in records:
+        lines[", ".join(f"{k}={fmt(r.get(k))}" for k in keys)].append(r)
+    ncols = 2 if bw_key else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(7 * ncols, 5), squeeze=False)
+    ax_t = axes[0][0]
+    for label, rs in sorted(lines.items()):
+        rs = sorted(rs, key=lambda r: r[x_key])
+        xs = [r[x_key] for r in rs]
+        ax_t.plot(xs, [r[t_key] for r in rs], marker="o", label=label or title)
+        if bw_key:
+            axes[0][1].plot(xs, [r.get(bw_key, float("nan")) for r in rs], marker="o",
+                            label=label or title)
+    ax_t.set_xscale("log")
+    ax_t.set_yscale("log")
+    ax_t.set_xlabel(x_key)
+    ax_t.set_ylabel(f"{t_key} (per call)")
+    ax_t.set_title(f"{title}: time")
+    ax_t.grid(True, which="both", alpha=0.3)
+    if bw_key:
+        ax_b = axes[0][1]
+        if ceiling:
+            ax_b.axhline(ceiling, color="black", linestyle="--", label=f"copy ceiling {ceiling:.0f} GB/s")
+        ax_b.set_xscale("log")
+        ax_b.set_xlabel(x_key)
+        ax_b.set_ylabel("GB/s")
+        ax_b.set_ylim(bottom=0)
+        ax_b.set_title(f"{title}: achieved bandwidth")
+        ax_b.grid(True, which="both", alpha=0.3)
+        ax_b.legend(fontsize=7)
+    else:
+        ax_t.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"plot: wrote {path} ({len(lines)} lines)")
+
+
+def main():
+    results = sys.argv[1] if len(sys.argv) > 1 else "bench/results"
+    out_dir = sys.argv[2] if len(sys.argv) > 2 else results
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        print(f"plot: matplotlib is not available ({e}); no plots drawn")
+        return 0
+    families = load(results)
+    if not families:
+        print(f"plot: no JSON results in {results}")
+        return 0
+    os.makedirs(out_dir, exist_ok=True)
+    for family, records in sorted(families.items()):
+        ceiling = ceiling_of(records)
+        records = [r for r in records if "copy_ceiling" not in (r.get("impl"), r.get("kernel"))]
+        t_key = next((k for k in TIME_KEYS if any(k in r for r in records)), None)
+        xs = [k for k in X_KEYS if any(isinstance(r.get(k), (int, float)) for r in records)]
+        if not t_key or not xs:
+            print(f"plot: {family}: no time or size field, skipped")
+            continue
+        x_key = "T" if "T" in xs else max(xs, key=lambda k: len({r.get(k) for r in records}))
+        records = [r for r in records
+                   if isinstance(r.get(x_key), (int, float)) and isinstance(r.get(t_key), (int, float))]
+        bw_key = next((k for k in BW_KEYS if any(k in r for r in records)), None)
+        keys = label_keys(records, x_key)
+        n_lines = len({tuple(fmt(r.get(k)) for k in keys) for r in records})
+        facet = None
+        if n_lines > MAX_LINES:
+            facet = next((k for k in keys if k not in ("impl", "kernel")
+                          and 2 <= len({fmt(r.get(k)) for r in records}) <= 8), None)
+        if facet is None:
+            draw(plt, family, records, x_key, t_key, bw_key, keys, ceiling,
+                 os.path.join(out_dir, f"{family}.png"))
+            continue
+        for value in sorted({fmt(r.get(facet)) for r in records}):
+            subset = [r for r in records if fmt(r.get(facet)) == value]
+            draw(plt, f"{family} ({facet}={value})", subset, x_key, t_key, bw_key,
+                 [k for k in keys if k != facet], ceiling,
+                 os.path.join(out_dir, f"{family}_{facet}-{value}.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1092 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA MLA decode kernels (dense paged and sparse top-k) over the local KV shard of one DCP rank:
+// the device counterparts of dcpattn/kernels/host/mla_decode.hpp, with the same split structure.
+//
+// Splits. A row's local shard is cut into S = p.num_splits splits, local position p belonging to
+// split (p / I) mod S (I = p.interleave), walked in ascending position (dense) or in top-k list
+// order (sparse). Each split gives one fp32 partial state (o (512,), lse natural log; an empty
+// split is the neutral state o = 0, lse = -inf); the S states of a (row, head) are merged along
+// dcpattn::tree_merge's fixed tree (highest split bit first) and written to o (T, H, 512) fp32 and
+// lse (T, H) fp32, natural log.
+//
+// DCP invariance. The arithmetic of one (row, head, split) state depends only on the split's token
+// sequence and the row's query: tiles of 64 consecutive split tokens starting at the split's first
+// token, one fixed instruction sequence per tile (tensor-core products with a fixed k order, a
+// fixed-shape max/sum reduction per head row), no atomics, and nothing that depends on S, the
+// split index, N, T, the grid or the row count. With S = V / N, split j of rank r is virtual shard
+// v = j N + r of an N = 1 run with S = V, token for token, so its state is bitwise the same. The
+// split merge uses dcpattn::merge_lse and the element update of merge_state_into with explicitly
+// rounded products and sums (__fmul_rn, __fadd_rn: no FMA contraction), the operations of the
+// CUDA combine (dcpattn/kernels/cuda/combine.cuh); merging rank states with those kernels in rank
+// order therefore reproduces the N = 1 result bit for bit on the GPU. Against the host reference
+// the results are close, not bitwise (see "Numerics").
+//
+// Kernel design (mla_split_kernel, one CTA of 8 warps per (row, split, block of heads)):
+//   - head block: 16 heads when H <= 16, else 64 (more blocks when H > 64); missing heads are
+//     zero rows that are never written back;
+//   - shared memory: Q block (heads x 576 bf16), one K/V tile (64 tokens x 576 bf16; the value is
+//     the first 512 dims of the key), fp32 scores, bf16 probabilities, the tile's slots;
+//     181,536 bytes (64 heads, 1 CTA/SM) or 104,928 bytes (16 heads, 2 CTAs/SM), dynamic, rows
+//     padded by 16 bytes to avoid ldmatrix bank conflicts; a sparse CTA also gathers its split's
+//     list entries (ballot compaction, in list order) into a 512-entry ring;
+//   - tile load: bf16 cache rows copied with cp.async (16 B); fp8 ds_mla entries dequantized
+//     (e4m3 * group scale, then rounded to bf16; the RoPE part is bf16 already) by ordinary loads
+//     and stores; a non-contiguous or unaligned cache takes a scalar path with the same values;
+//   - S = Q K^T: mma.sync m16n8k16 bf16 -> fp32, 36 k-steps in order, operands by ldmatrix;
+//     warp w computes heads [16 (w mod HT), +16) x tokens of its 1/(8/HT) share of the tile;
+//   - online softmax in fp32 from the scores in shared memory, 4 threads per head row, 16 tokens
+//     each, combined by two xor shuffles (the same shape for every tile and head block); exp and
+//     log are expf/logf (never the fast intrinsics);
+//   - O += P V: P rounded to bf16 (as FlashAttention does), V by ldmatrix.trans, mma.sync with an
+//     fp32 accumulator in registers (warp w: 16 heads x 512 / (8/HT) value dims); the row sum l
+//     uses the unrounded fp32 probabilities, so lse is fp32-accurate;
+//   - the state o = acc / l, lse = m + logf(l) goes to scratch (S, T, H, 512) + (S, T, H), or
+//     straight to o/lse when S = 1; mla_merge_kernel (a warp per (row, head), 16 dims per lane)
+//     then merges the S states.
+//
+// Numerics (vs the scalar fp32 host reference): the query, the bf16 cache and the e4m3 codes are
+// exact in bf16, the products are exact and summed in fp32 by the tensor cores; the differences
+// are P rounded to bf16 (relative 2^-9 per weight: ~1e-3 relative on o) and, for the fp8 cache,
+// the dequantized key rounded to bf16 (score error ~1e-3 absolute). exp/log are CUDA's, which
+// differ from the host libm's by an ulp now and then.
+//
+// Data-dependent checks cannot be made on the host without a synchronization, so the kernels make
+// them instead and never read outside the views: a row whose row_request is not a request of
+// block_table, or whose row_local_length / row_bound is <= 0, gets the neutral state; a token whose
+// local page index is beyond block_table's extent, whose page id is negative, or whose slot is
+// beyond the cache is skipped (it does not take part in the softmax); a top-k entry that is
+// negative or >= the row's bound is treated as -1. (The host reference throws on all of these.)
+//
+// Launchers: argument checks (extents, parameters, scratch size) throw dcpattn::Error naming the
+// parameter before anything is enqueued; launches are stream-ordered with no allocation and no
+// host synchronization (CUDA-graph capturable; the first launch of each kernel on a device raises
+// its dynamic shared memory limit with cudaFuncSetAttribute, which is not a stream operation).
+#pragma once
+
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cuda/std/limits>
+#include <cuda/std/mdspan>
+#include <cuda/std/span>
+
+#include "dcpattn/config.hpp"
+#include "dcpattn/core/fp8_cache.hpp"
+#include "dcpattn/core/lse.hpp"
+#include "dcpattn/core/numeric.hpp"
+#include "dcpattn/core/tensor.hpp"
+#include "dcpattn/error.hpp"
+#include "dcpattn/gather/query_gather.hpp"
+#include "dcpattn/kernels/cache_layout.hpp"
+#include "dcpattn/kernels/mla_kernel.hpp"
+#include "dcpattn/ownership/slot_ownership.hpp"
+
+DCPATTN_NAMESPACE_BEGIN
+
+namespace cuda_kernels {
+namespace detail::mla {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / 32;
+inline constexpr unsigned kFullMask = 0xffffffffu;
+/// Split tokens per tile. Part of the numerical contract: changing it changes the results.
+inline constexpr int kTileTokens = 64;
+/// Shared-memory row strides (elements), padded by 16 bytes so that the 8 rows of an ldmatrix
+/// (and the fp32 score rows) fall in different banks.
+inline constexpr int kKStride = kMlaQkDim + 8;    // bf16: Q and K/V rows (1168 bytes)
+inline constexpr int kSStride = kTileTokens + 4;  // fp32 scores (272 bytes)
+inline constexpr int kPStride = kTileTokens + 8;  // bf16 probabilities (144 bytes)
+/// Sparse: list entries of the split gathered ahead of the tile being processed.
+inline constexpr int kRingSize = 512;
+/// Largest num_splits (the merge keeps the split lse values in a per-thread array).
+inline constexpr int kMaxSplits = 64;
+/// Value dims per lane of the merge kernel (a warp covers one (row, head)).
+inline constexpr int kMergeDims = kMlaVDim / 32;
+
+static_assert(kMlaQkDim % 16 == 0 && kMlaVDim % 16 == 0, "dcpattn: MLA dims are k16 multiples");
+static_assert(kTileTokens == 64, "dcpattn: the warp tiling below assumes 64-token tiles");
+static_assert(kRingSize >= kTileTokens + kThreads && (kRingSize & (kRingSize - 1)) == 0,
+              "dcpattn: the sparse ring must hold a tile plus one gather round");
+static_assert(DsMlaFp8Entry::rope_offset % 16 == 0 && DsMlaFp8Entry::scales_offset % 16 == 0,
+              "dcpattn: the ds_mla entry's parts must be 16-byte aligned for the vector path");
+
+/// Byte offsets of the dynamic shared memory of mla_split_kernel for HT head tiles of 16.
+template <int HT>
+struct SplitSmem {
+  static constexpr int heads = 16 * HT;
+  static constexpr std::size_t q = 0;
+  static constexpr std::size_t k = q + std::size_t(heads) * kKStride * 2;
+  static constexpr std::size_t s = k + std::size_t(kTileTokens) * kKStride * 2;
+  static constexpr std::size_t p = s + std::size_t(heads) * kSStride * 4;
+  static constexpr std::size_t slot = p + std::size_t(heads) * kPStride * 2;
+  static constexpr std::size_t alpha = slot + std::size_t(kTileTokens) * 8;
+  static constexpr std::size_t m = alpha + std::size_t(heads) * 4;
+  static constexpr std::size_t l = m + std::size_t(heads) * 4;
+  static constexpr std::size_t ring = l + std::size_t(heads) * 4;
+  static constexpr std::size_t wsum = ring + std::size_t(kRingSize) * 8;
+  static constexpr std::size_t bytes = wsum + std::size_t(kWarps) * 4;
+  static_assert(k % 16 == 0 && s % 16 == 0 && p % 16 == 0 && slot % 16 == 0 && ring % 16 == 0,
+                "dcpattn: shared-memory regions must be 16-byte aligned");
+};
+
+/// A bf16 query with per-dimension strides, the form every strided layout and the rank-major
+/// gather layout take: element (t, h, d) at data[t st + (h / hl) sr + (h mod hl) sh + d sd].
+struct QDesc {
+  const bfloat16* data;
+  std::int64_t st, sh, sr, sd, hl;
+};
+/// Any other query view (another layout or accessor, or float elements): read element by element
+/// through the view and rounded to bf16.
+template <class QView>
+struct GenericQ {
+  QView q;
+};
+
+/// Placeholder ownership of the dense kernel.
+struct NoOwnership {};
+
+/// Everything a split kernel reads; unused members (e.g. topk for dense) stay default.
+template <class QSrc, class CacheView, class Own>
+struct SplitArgs {
+  QSrc q;
+  CacheView cache;
+  TensorView<const std::int32_t, 2> block_table;
+  TensorView<const std::int32_t, 1> row_request;
+  TensorView<const std::int64_t, 1> row_local_length;  // dense
+  TensorView<const std::int32_t, 2> topk;              // sparse
+  TensorView<const std::int64_t, 1> row_bound;         // sparse
+  Own own;                                             // sparse
+  int rank;                                            // sparse
+  TensorView<float, 3> o;                              // written when num_splits == 1
+  TensorView<float, 2> lse;                            // written when num_splits == 1
+  float* scratch_o;                                    // (S, T, H, 512) when num_splits > 1
+  float* scratch_lse;                                  // (S, T, H)
+  std::int64_t tokens;
+  int heads;
+  int num_valid_rows;
+  int num_splits;
+  int interleave;
+  int page_size;
+  float softmax_scale;
+  bool cache_vector;  // 16-byte cache path usable (contiguous, aligned rows)
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+
+DCPATTN_DEVICE std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+DCPATTN_DEVICE void ldsm_x4(std::uint32_t addr, std::uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+DCPATTN_DEVICE void ldsm_x2(std::uint32_t addr, std::uint32_t (&r)[2]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr)
+               : "memory");
+}
+DCPATTN_DEVICE void ldsm_x4_trans(std::uint32_t addr, std::uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+/// d += a b for one m16n8k16 bf16 tile with fp32 accumulation. Fragments (PTX ISA, "Matrix
+/// Fragments for mma.m16n8k16 with floating point type"), g = lane / 4, c = lane % 4:
+/// a = {(g, 2c..), (g+8, 2c..), (g, 2c+8..), (g+8, 2c+8..)}, b = {(k 2c.., n g), (k 2c+8.., n g)},
+/// d = {(g, 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1)}.
+DCPATTN_DEVICE void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                             std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+DCPATTN_DEVICE void cp_async_16(std::uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src))
+               : "memory");
+}
+DCPATTN_DEVICE void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+DCPATTN_DEVICE void store_zero16(void* dst) {
+  *static_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+}
+DCPATTN_DEVICE std::uint32_t pack_bf16(std::uint16_t lo, std::uint16_t hi) {
+  return std::uint32_t(lo) | (std::uint32_t(hi) << 16);
+}
+DCPATTN_DEVICE std::uint16_t bf16_bits_of(bfloat16 x) {
+  return x.bits;
+}
+DCPATTN_DEVICE std::uint16_t bf16_bits_of(float x) {
+  return bfloat16::from_float(x).bits;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile loads
+
+/// Query rows [h0, h0 + 16 HT) of token t into q_s (rows of kKStride bf16); rows >= heads are 0.
+template <int HT>
+DCPATTN_DEVICE void load_q_block(const QDesc& q, std::int64_t t, int h0, int heads, bfloat16* q_s,
+                                 int tid) {
+  constexpr int kChunks = kMlaQkDim / 8;  // 16-byte chunks per row
+  for (int i = tid; i < 16 * HT * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int h = h0 + r;
+    bfloat16* dst = q_s + r * kKStride + c * 8;
+    if (h >= heads) {
+      store_zero16(dst);
+      continue;
+    }
+    const bfloat16* src =
+        q.data + t * q.st + (h / q.hl) * q.sr + (h % q.hl) * q.sh + std::int64_t(c) * 8 * q.sd;
+    if (q.sd == 1 && (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0) {
+      cp_async_16(smem_u32(dst), src);
+    } else {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w[e] = pack_bf16(src[(2 * e) * q.sd].bits, src[(2 * e + 1) * q.sd].bits);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+template <int HT, class QView>
+DCPATTN_DEVICE void load_q_block(const GenericQ<QView>& q, std::int64_t t, int h0, int heads,
+                                 bfloat16* q_s, int tid) {
+  for (int i = tid; i < 16 * HT * kMlaQkDim; i += kThreads) {
+    const int r = i / kMlaQkDim, d = i % kMlaQkDim;
+    const int h = h0 + r;
+    bfloat16 v{};
+    if (h < heads) v.bits = bf16_bits_of(q.q(t, std::int64_t(h), std::int64_t(d)));
+    q_s[r * kKStride + d] = v;
+  }
+}
+
+/// The 64 keys of a tile (slot_s[i] < 0: a zero row) into k_s as bf16 (rows of kKStride).
+template <class CacheView>
+DCPATTN_DEVICE void load_kv_tile(const CacheView& cache, bool vector_path,
+                                 const std::int64_t* slot_s, bfloat16* k_s, int tid) {
+  constexpr CacheFormat kFormat = mla_cache_format_v<CacheView>;
+  constexpr bool kStrided =
+      CacheView::mapping_type::is_always_strided() &&
+      std::is_same_v<typename CacheView::accessor_type,
+                     cuda::std::default_accessor<typename CacheView::element_type>>;
+  if constexpr (kStrided) {
+    if (vector_path) {
+      if constexpr (kFormat == CacheFormat::bf16) {
+        constexpr int kChunks = kMlaQkDim / 8;  // 72
+        for (int i = tid; i < kTileTokens * kChunks; i += kThreads) {
+          const int tok = i / kChunks, c = i % kChunks;
+          const std::int64_t slot = slot_s[tok];
+          bfloat16* dst = k_s + tok * kKStride + c * 8;
+          if (slot < 0)
+            store_zero16(dst);
+          else
+            cp_async_16(smem_u32(dst), cache.data_handle() + slot * cache.stride(0) + c * 8);
+        }
+      } else {
+        // 32 chunks of 16 e4m3 codes (each within one 128-value scale group), then 8 chunks of
+        // 8 bf16 RoPE values.
+        constexpr int kItems = DsMlaFp8Entry::latent_dim / 16 + DsMlaFp8Entry::rope_dim / 8;
+        for (int i = tid; i < kTileTokens * kItems; i += kThreads) {
+          const int tok = i / kItems, c = i % kItems;
+          const std::int64_t slot = slot_s[tok];
+          bfloat16* row = k_s + tok * kKStride;
+          if (c < 32) {
+            bfloat16* dst = row + c * 16;
+            if (slot < 0) {
+              store_zero16(dst);
+              store_zero16(dst + 8);
+              continue;
+            }
+            const std::uint8_t* e = cache.data_handle() + slot * cache.stride(0);
+            const uint4 raw = *reinterpret_cast<const uint4*>(e + c * 16);
+            const float scale = *reinterpret_cast<const float*>(
+                e + DsMlaFp8Entry::scales_offset + 4 * (c * 16 / DsMlaFp8Entry::group_size));
+            const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+            std::uint32_t out[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              const std::uint32_t wv = words[k / 2];
+              const int sh = (k % 2) * 16;
+              const float lo = fp8_e4m3::decode(std::uint8_t((wv >> sh) & 0xffu)) * scale;
+              const float hi = fp8_e4m3::decode(std::uint8_t((wv >> (sh + 8)) & 0xffu)) * scale;
+              out[k] = pack_bf16(__bfloat16_as_ushort(__float2bfloat16_rn(lo)),
+                                 __bfloat16_as_ushort(__float2bfloat16_rn(hi)));
+            }
+            *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
+            *reinterpret_cast<uint4*>(dst + 8) = make_uint4(out[4], out[5], out[6], out[7]);
+          } else {
+            bfloat16* dst = row + DsMlaFp8Entry::latent_dim + (c - 32) * 8;
+            if (slot < 0) {
+              store_zero16(dst);
+              continue;
+            }
+            const std::uint8_t* e = cache.data_handle() + slot * cache.stride(0);
+            *reinterpret_cast<uint4*>(dst) =
+                *reinterpret_cast<const uint4*>(e + DsMlaFp8Entry::rope_offset + (c - 32) * 16);
+          }
+        }
+      }
+      return;
+    }
+  }
+  // Scalar path: the host reference's accessor, rounded to bf16 (exact for the bf16 cache).
+  for (int i = tid; i < kTileTokens * kMlaQkDim; i += kThreads) {
+    const int tok = i / kMlaQkDim, d = i % kMlaQkDim;
+    const std::int64_t slot = slot_s[tok];
+    k_s[tok * kKStride + d] = bfloat16::from_float(slot < 0 ? 0.0f : mla_key(cache, slot, d));
+  }
+}
+
+/// Slot of local position `pos` of request `req`, or -1 when the page index is beyond the block
+/// table, the page id is negative or the slot is beyond the cache (the token is then skipped).
+template <class Args>
+DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::int64_t pos) {
+  if (pos < 0) return -1;
+  const std::int64_t b = a.page_size;
+  const std::int64_t page_index = pos / b;
+  if (page_index >= a.block_table.extent(1)) return -1;
+  const std::int64_t page = a.block_table(std::int64_t(req), page_index);
+  if (page < 0) return -1;
+  const std::int64_t slot = page * b + pos % b;
+  return slot < a.cache.extent(0) ? slot : -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels
+
+/// One (row, split, head block) partial state; see the file comment. Grid: (T, S * head blocks).
+template <int HT, bool kSparse, class QSrc, class CacheView, class Own>
+__global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
+    mla_split_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
+  static_assert(HT == 1 || HT == 2 || HT == 4, "dcpattn: head blocks of 16, 32 or 64");
+  using L = SplitSmem<HT>;
+  constexpr int kHeads = 16 * HT;
+  constexpr int kWarpsN = kWarps / HT;                // warps sharing one 16-head tile
+  constexpr int kTokPerWarp = kTileTokens / kWarpsN;  // S = QK^T columns per warp
+  constexpr int kNtQk = kTokPerWarp / 8;
+  constexpr int kDvPerWarp = kMlaVDim / kWarpsN;  // O columns per warp
+  constexpr int kNtPv = kDvPerWarp / 8;
+  static_assert(kNtPv % 2 == 0, "dcpattn: PV n-tiles are loaded in pairs");
+  constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  bfloat16* q_s = reinterpret_cast<bfloat16*>(smem + L::q);
+  bfloat16* k_s = reinterpret_cast<bfloat16*>(smem + L::k);
+  float* s_s = reinterpret_cast<float*>(smem + L::s);
+  bfloat16* p_s = reinterpret_cast<bfloat16*>(smem + L::p);
+  std::int64_t* slot_s = reinterpret_cast<std::int64_t*>(smem + L::slot);
+  float* alpha_s = reinterpret_cast<float*>(smem + L::alpha);
+  float* m_s = reinterpret_cast<float*>(smem + L::m);
+  float* l_s = reinterpret_cast<float*>(smem + L::l);
+  std::int64_t* ring_s = reinterpret_cast<std::int64_t*>(smem + L::ring);
+  int* wsum_s = reinterpret_cast<int*>(smem + L::wsum);
+
+  const int tid = int(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const std::int64_t t = blockIdx.x;
+  const int S = a.num_splits;
+  const int j = int(blockIdx.y) % S;
+  const int h0 = (int(blockIdx.y) / S) * kHeads;
+
+  if (t >= a.num_valid_rows) {
+    // Padding row: nothing of it is read. With S > 1 the merge kernel writes its neutral state.
+    if (S == 1) {
+      for (int i = tid; i < kHeads * kMlaVDim; i += kThreads) {
+        const int h = h0 + i / kMlaVDim;
+        if (h < a.heads) a.o(t, std::int64_t(h), std::int64_t(i % kMlaVDim)) = 0.0f;
+      }
+      for (int i = tid; i < kHeads; i += kThreads)
+        if (h0 + i < a.heads) a.lse(t, std::int64_t(h0 + i)) = kNegInf;
+    }
+    return;
+  }
+
+  // Row parameters (uniform over the CTA).
+  const std::int32_t req = a.row_request(t);
+  const bool req_ok = req >= 0 && std::int64_t(req) < a.block_table.extent(0);
+  std::int64_t n = 0;                       // dense: tokens of this split
+  [[maybe_unused]] std::int64_t bound = 0;  // sparse: the row's global causal bound
+  std::int64_t list = 0;                    // sparse: top-k entries to scan
+  if constexpr (!kSparse) {
+    const std::int64_t len = a.row_local_length(t);
+    if (req_ok && len > 0) n = mla_split_length(len, j, S, a.interleave);
+  } else {
+    bound = a.row_bound(t);
+    if (req_ok && bound > 0) list = a.topk.extent(1);
+  }
+  const bool any_work = kSparse ? list > 0 : n > 0;
+  if (any_work) load_q_block<HT>(a.q, t, h0, a.heads, q_s, tid);
+
+  // Softmax state of head row sm_row, replicated in its 4 threads.
+  const bool sm_thread = tid < kHeads * 4;
+  const int sm_row = tid >> 2, sm_part = tid & 3;
+  float m_run = kNegInf, l_run = 0.0f;
+
+  const int mw = warp % HT, nw = warp / HT;
+  float oacc[kNtPv][4];
+#pragma unroll
+  for (int nt = 0; nt < kNtPv; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) oacc[nt][e] = 0.0f;
+
+  [[maybe_unused]] std::int64_t k0 = 0;  // dense: first split token of the tile
+  [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
+  while (any_work) {
+    // --- Slots of the tile's split tokens (-1: no token / skipped).
+    int n_tile;
+    if constexpr (!kSparse) {
+      n_tile = int(n - k0 < kTileTokens ? n - k0 : kTileTokens);
+      if (n_tile <= 0) break;
+      if (tid < kTileTokens) {
+        std::int64_t slot = -1;
+        if (tid < n_tile)
+          slot = checked_slot(a, req, mla_split_position(k0 + tid, j, S, a.interleave));
+        slot_s[tid] = slot;
+      }
+      k0 += kTileTokens;
+    } else {
+      // Gather the split's entries in list order until a tile is full or the list is done.
+      while (tail - head < kTileTokens && cursor < list) {
+        const std::int64_t idx = cursor + tid;
+        std::int64_t slot = -1;
+        if (idx < list) {
+          const std::int64_t g = a.topk(t, idx);
+          if (g >= 0 && g < bound && int(a.own.owner(g)) == a.rank) {
+            const std::int64_t pos = std::int64_t(a.own.local_position(g));
+            if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
+              slot = checked_slot(a, req, pos);
+          }
+        }
+        const bool take = slot >= 0;
+        const unsigned ballot = __ballot_sync(kFullMask, take);
+        if (lane == 0) wsum_s[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const int c = wsum_s[w];
+          before += w < warp ? c : 0;
+          total += c;
+        }
+        if (take)
+          ring_s[(tail + before + __popc(ballot & ((1u << lane) - 1u))) & (kRingSize - 1)] = slot;
+        tail += total;
+        cursor += kThreads;
+        __syncthreads();  // ring entries visible; wsum_s free for the next round
+      }
+      n_tile = int(tail - head < kTileTokens ? tail - head : kTileTokens);
+      if (n_tile == 0) break;
+      if (tid < kTileTokens)
+        slot_s[tid] = tid < n_tile ? ring_s[(head + tid) & (kRingSize - 1)] : -1;
+      head += n_tile;
+    }
+    __syncthreads();  // slot_s visible
+
+    // --- K/V tile into shared memory (also completes the query block's copies).
+    load_kv_tile(a.cache, a.cache_vector, slot_s, k_s, tid);
+    cp_async_wait_all();
+    __syncthreads();
+
+    // --- Scores: s_s[h][i] = q_h . k_i (fp32; the softmax scale is applied below).
+    {
+      float sacc[kNtQk][4];
+#pragma unroll
+      for (int nt = 0; nt < kNtQk; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[nt][e] = 0.0f;
+      const int a_row = mw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const std::uint32_t a_addr = smem_u32(q_s + a_row * kKStride + (lane >> 4) * 8);
+      const int tok0 = nw * kTokPerWarp;
+      std::uint32_t b_addr[kNtQk >= 2 ? kNtQk / 2 : 1];
+      if constexpr (kNtQk >= 2) {
+#pragma unroll
+        for (int pr = 0; pr < kNtQk / 2; ++pr) {
+          const int tok = tok0 + pr * 16 + (lane & 7) + ((lane >> 4) & 1) * 8;
+          b_addr[pr] = smem_u32(k_s + tok * kKStride + ((lane >> 3) & 1) * 8);
+        }
+      } else {
+        b_addr[0] = smem_u32(k_s + (tok0 + (lane & 7)) * kKStride + ((lane >> 3) & 1) * 8);
+      }
+#pragma unroll 4
+      for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
+        std::uint32_t af[4];
+        ldsm_x4(a_addr + ks * 32, af);
+        if constexpr (kNtQk >= 2) {
+#pragma unroll
+          for (int pr = 0; pr < kNtQk / 2; ++pr) {
+            std::uint32_t bf[4];
+            ldsm_x4(b_addr[pr] + ks * 32, bf);
+            mma_bf16(sacc[2 * pr], af, bf[0], bf[1]);
+            mma_bf16(sacc[2 * pr + 1], af, bf[2], bf[3]);
+          }
+        } else {
+          std::uint32_t bf[2];
+          ldsm_x2(b_addr[0] + ks * 32, bf);
+          mma_bf16(sacc[0], af, bf[0], bf[1]);
+        }
+      }
+      const int row = mw * 16 + (lane >> 2);
+#pragma unroll
+      for (int nt = 0; nt < kNtQk; ++nt) {
+        const int col = tok0 + nt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<float2*>(s_s + row * kSStride + col) =
+            make_float2(sacc[nt][0], sacc[nt][1]);
+        *reinterpret_cast<float2*>(s_s + (row + 8) * kSStride + col) =
+            make_float2(sacc[nt][2], sacc[nt][3]);
+      }
+    }
+    __syncthreads();
+
+    // --- Online softmax: 4 threads per head row, 16 tokens each.
+    if (sm_thread) {
+      const float* srow = s_s + sm_row * kSStride + sm_part * 16;
+      float sv[16];
+      float mx = kNegInf;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float s = slot_s[sm_part * 16 + i] >= 0 ? a.softmax_scale * srow[i] : kNegInf;
+        sv[i] = s;
+        mx = fmaxf(mx, s);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+      const float m_new = fmaxf(m_run, mx);
+      // m_new = -inf: nothing valid so far; keep l = 0 and o = 0 (alpha 1 avoids -inf - -inf).
+      const float alpha = m_new == kNegInf ? 1.0f : expf(m_run - m_new);
+      float sum = 0.0f;
+      std::uint32_t pw[8];
+#pragma unroll
+      for (int i = 0; i < 16; i += 2) {
+        const float p0 = sv[i] == kNegInf ? 0.0f : expf(sv[i] - m_new);
+        const float p1 = sv[i + 1] == kNegInf ? 0.0f : expf(sv[i + 1] - m_new);
+        sum += p0;
+        sum += p1;
+        pw[i / 2] = pack_bf16(__bfloat16_as_ushort(__float2bfloat16_rn(p0)),
+                              __bfloat16_as_ushort(__float2bfloat16_rn(p1)));
+      }
+      uint4* prow = reinterpret_cast<uint4*>(p_s + sm_row * kPStride + sm_part * 16);
+      prow[0] = make_uint4(pw[0], pw[1], pw[2], pw[3]);
+      prow[1] = make_uint4(pw[4], pw[5], pw[6], pw[7]);
+      // (a + b) + (c + d) on every lane: float addition is commutative, so the 4 copies agree.
+      sum += __shfl_xor_sync(kFullMask, sum, 1);
+      sum += __shfl_xor_sync(kFullMask, sum, 2);
+      l_run = l_run * alpha + sum;
+      m_run = m_new;
+      if (sm_part == 0) alpha_s[sm_row] = alpha;
+    }
+    __syncthreads();
+
+    // --- O = alpha O + P V.
+    {
+      const int r_lo = mw * 16 + (lane >> 2);
+      const float al = alpha_s[r_lo], ah = alpha_s[r_lo + 8];
+#pragma unroll
+      for (int nt = 0; nt < kNtPv; ++nt) {
+        oacc[nt][0] *= al;
+        oacc[nt][1] *= al;
+        oacc[nt][2] *= ah;
+        oacc[nt][3] *= ah;
+      }
+      const int a_row = mw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      const std::uint32_t pa = smem_u32(p_s + a_row * kPStride + (lane >> 4) * 8);
+      const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8;
+      const int v_dim = nw * kDvPerWarp + (lane >> 4) * 8;
+      const std::uint32_t vb = smem_u32(k_s + v_tok * kKStride + v_dim);
+#pragma unroll
+      for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+        std::uint32_t af[4];
+        ldsm_x4(pa + kk * 32, af);
+#pragma unroll
+        for (int pr = 0; pr < kNtPv / 2; ++pr) {
+          std::uint32_t bf[4];
+          ldsm_x4_trans(vb + std::uint32_t((kk * 16 * kKStride + pr * 16) * 2), bf);
+          mma_bf16(oacc[2 * pr], af, bf[0], bf[1]);
+          mma_bf16(oacc[2 * pr + 1], af, bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();  // k_s, p_s, slot_s and alpha_s are rewritten by the next tile
+  }
+
+  // --- The state: o = acc / l, lse = m + log(l); l == 0 (no token) is the neutral state.
+  cp_async_wait_all();
+  if (sm_thread && sm_part == 0) {
+    m_s[sm_row] = m_run;
+    l_s[sm_row] = l_run;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = mw * 16 + (lane >> 2) + half * 8;
+    const int h = h0 + r;
+    if (h >= a.heads) continue;
+    const float l = l_s[r];
+    const bool empty = l == 0.0f;
+    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+#pragma unroll
+    for (int nt = 0; nt < kNtPv; ++nt) {
+      const int d = nw * kDvPerWarp + nt * 8 + 2 * (lane & 3);
+      const float v0 = empty ? 0.0f : oacc[nt][2 * half] / l;
+      const float v1 = empty ? 0.0f : oacc[nt][2 * half + 1] / l;
+      if (S > 1) {
+        *reinterpret_cast<float2*>(a.scratch_o + state * kMlaVDim + d) = make_float2(v0, v1);
+      } else {
+        a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
+        a.o(t, std::int64_t(h), std::int64_t(d + 1)) = v1;
+      }
+    }
+    if (nw == 0 && (lane & 3) == 0) {
+      const float lse = empty ? kNegInf : m_s[r] + logf(l);
+      if (S > 1)
+        a.scratch_lse[state] = lse;
+      else
+        a.lse(t, std::int64_t(h)) = lse;
+    }
+  }
+}
+
+/// weighted(w, o) of dcpattn/core/lse.hpp with an explicitly rounded product.
+DCPATTN_DEVICE float weighted_rn(float w, float o) {
+  return w != 0.0f ? __fmul_rn(w, o) : 0.0f;
+}
+/// One element of merge_state_into (dcpattn/core/lse.hpp): the same operations, no contraction.
+DCPATTN_DEVICE float merge_element_rn(float oa, float ob, float wa, float wb) {
+  const float ta = weighted_rn(wa, oa);
+  const float tb = weighted_rn(wb, ob);
+  return wb == 0.0f ? ta : (wa == 0.0f ? tb : __fadd_rn(ta, tb));
+}
+
+/// Tree-merges `count` states (count, T, H, 512) + (count, T, H) in place (tree_merge order) and
+/// writes state 0 to o/lse; padding rows t >= num_valid_rows get the neutral state without reading
+/// the states. One warp per (t, h), kMergeDims contiguous dims per lane. (A template only so that
+/// the header can be included by several translation units of one program.)
+template <int Unused = 0>
+__global__ void __launch_bounds__(kThreads)
+    mla_merge_kernel(float* __restrict__ states_o, const float* __restrict__ states_lse, int count,
+                     std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
+                     TensorView<float, 2> lse) {
+  const std::int64_t w = (std::int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  if (w >= tokens * heads) return;
+  const int lane = int(threadIdx.x) & 31;
+  const std::int64_t t = w / heads;
+  const int h = int(w % heads);
+  const int d0 = lane * kMergeDims;
+  if (t >= num_valid_rows) {
+#pragma unroll
+    for (int i = 0; i < kMergeDims; ++i) o(t, std::int64_t(h), std::int64_t(d0 + i)) = 0.0f;
+    if (lane == 0) lse(t, std::int64_t(h)) = lse_neg_inf;
+    return;
+  }
+  const std::int64_t plane = tokens * heads;  // states per split
+  const std::int64_t row = t * heads + h;
+  float lse_v[kMaxSplits];
+  for (int v = 0; v < count; ++v) lse_v[v] = states_lse[v * plane + row];
+  for (int half = count >> 1; half >= 1; half >>= 1) {
+    for (int v = 0; v < half; ++v) {
+      const MergeWeights mw = merge_lse(lse_v[v], lse_v[v + half]);
+      float* oa = states_o + (v * plane + row) * kMlaVDim + d0;
+      const float* ob = states_o + ((v + half) * plane + row) * kMlaVDim + d0;
+#pragma unroll
+      for (int i = 0; i < kMergeDims; ++i) oa[i] = merge_element_rn(oa[i], ob[i], mw.w_a, mw.w_b);
+      lse_v[v] = mw.lse;
+    }
+  }
+  const float* r0 = states_o + row * kMlaVDim + d0;
+#pragma unroll
+  for (int i = 0; i < kMergeDims; ++i) o(t, std::int64_t(h), std::int64_t(d0 + i)) = r0[i];
+  if (lane == 0) lse(t, std::int64_t(h)) = lse_v[0];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+template <class View>
+inline constexpr bool is_plain_strided_v =
+    View::mapping_type::is_always_strided() &&
+    std::is_same_v<typename View::accessor_type,
+                   cuda::std::default_accessor<typename View::element_type>>;
+
+/// The query as the kernels read it: a QDesc for bf16 strided or rank-major views, else the view.
+template <class QView>
+auto make_q_source(const QView& q) {
+  static_assert(QView::rank() == 3, "dcpattn: q must be a rank-3 view (tokens, heads, 576)");
+  using E = std::remove_cv_t<typename QView::element_type>;
+  static_assert(std::is_same_v<E, bfloat16> || std::is_same_v<E, float>,
+                "dcpattn: the CUDA MLA decode reads q as dcpattn::bfloat16 (or float, rounded to "
+                "bfloat16)");
+  constexpr bool kDefaultAccessor =
+      std::is_same_v<typename QView::accessor_type,
+                     cuda::std::default_accessor<typename QView::element_type>>;
+  const std::int64_t heads = q.extent(1) > 0 ? std::int64_t(q.extent(1)) : 1;
+  if constexpr (std::is_same_v<E, bfloat16> && kDefaultAccessor &&
+                QView::mapping_type::is_always_strided()) {
+    return QDesc{q.data_handle(),           std::int64_t(q.stride(0)),
+                 std::int64_t(q.stride(1)), 0,
+                 std::int64_t(q.stride(2)), heads};
+  } else if constexpr (std::is_same_v<E, bfloat16> && kDefaultAccessor &&
+                       std::is_same_v<typename QView::layout_type, LayoutRankMajorHeads>) {
+    const std::int64_t hl = std::int64_t(q.mapping().heads_per_rank());
+    DCPATTN_REQUIRE(hl >= 1,
+                    "q (rank-major) must have heads_per_rank >= 1, got " + std::to_string(hl));
+    const std::int64_t d = q.extent(2), t = q.extent(0);
+    return QDesc{q.data_handle(), hl * d, d, t * hl * d, 1, hl};
+  } else {
+    return GenericQ<QView>{q};
+  }
+}
+
+/// True when the cache rows can be read as 16-byte vectors (strided view, contiguous aligned rows).
+template <class CacheView>
+bool cache_vector_path(const CacheView& cache) {
+  if constexpr (!is_plain_strided_v<CacheView>) {
+    return false;
+  } else {
+    constexpr CacheFormat f = mla_cache_format_v<CacheView>;
+    const std::int64_t row_align = f == CacheFormat::bf16 ? 8 : 16;  // elements per 16 bytes
+    return cache.extent(0) > 0 && cache.stride(1) == 1 && cache.stride(0) % row_align == 0 &&
+           reinterpret_cast<std::uintptr_t>(cache.data_handle()) % 16 == 0;
+  }
+}
+
+inline std::string shape3(std::int64_t a, std::int64_t b, std::int64_t c) {
+  return "(" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ")";
+}
+
+/// Bytes of the split states for T tokens, H heads, S splits (0 when S == 1: direct write).
+inline std::size_t split_state_bytes(std::int64_t tokens, std::int64_t heads, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return std::size_t(num_splits) * std::size_t(tokens) * std::size_t(heads) *
+         std::size_t(kMlaVDim + 1) * sizeof(float);
+}
+
+template <int HT, bool kSparse, class QSrc, class CacheView, class Own>
+void launch_split_ht(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
+  auto kernel = &mla_split_kernel<HT, kSparse, QSrc, CacheView, Own>;
+  constexpr std::size_t smem = SplitSmem<HT>::bytes;
+  // Raise the dynamic shared-memory limit once per device (bit d of `configured`).
+  static std::atomic<unsigned long long> configured{0};
+  int device = 0;
+  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const unsigned long long bit = device < 64 ? (1ull << device) : 0ull;
+  if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
+    DCPATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured.fetch_or(bit, std::memory_order_relaxed);
+  }
+  const int head_blocks = (args.heads + 16 * HT - 1) / (16 * HT);
+  const dim3 grid(unsigned(args.tokens), unsigned(args.num_splits * head_blocks));
+  kernel<<<grid, kThreads, smem, stream>>>(args);
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Head block of a launch: 16 heads when H <= 16, else 64.
+inline int head_tiles_for(int heads) {
+  return heads <= 16 ? 1 : 4;
+}
+
+template <bool kSparse, class QSrc, class CacheView, class Own>
+void launch_split(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
+  if (head_tiles_for(args.heads) == 1)
+    launch_split_ht<1, kSparse>(args, stream);
+  else
+    launch_split_ht<4, kSparse>(args, stream);
+}
+
+/// Host checks shared by dense and sparse (no device memory is read). Throws dcpattn::Error.
+template <class QView, class CacheView>
+void validate_common(const QView& q, const CacheView& cache,
+                     TensorView<const std::int32_t, 2> block_table,
+                     TensorView<const std::int32_t, 1> row_request, const MlaDecodeParams& p,
+                     TensorView<float, 3> o, TensorView<float, 2> lse,
+                     cuda::std::span<std::byte> scratch) {
+  static_assert(QView::rank() == 3, "dcpattn: q must be a rank-3 view (tokens, heads, 576)");
+  validate_mla_cache(cache, "cache");
+  const std::int64_t t = q.extent(0);
+  const std::int64_t h = q.extent(1);
+  DCPATTN_REQUIRE(q.extent(2) == kMlaQkDim, "q must have head dim " + std::to_string(kMlaQkDim) +
+                                                ", got " + std::to_string(q.extent(2)));
+  DCPATTN_REQUIRE(h >= 1, "q must have at least one head, got " + std::to_string(h));
+  DCPATTN_REQUIRE(o.extent(0) == t && o.extent(1) == h && o.extent(2) == kMlaVDim,
+                  "o must be " + shape3(t, h, kMlaVDim) + " like q, got " +
+                      shape3(o.extent(0), o.extent(1), o.extent(2)));
+  DCPATTN_REQUIRE(lse.extent(0) == t && lse.extent(1) == h,
+                  "lse must be (" + std::to_string(t) + ", " + std::to_string(h) +
+                      ") like q, got (" + std::to_string(lse.extent(0)) + ", " +
+                      std::to_string(lse.extent(1)) + ")");
+  DCPATTN_REQUIRE(p.num_valid_rows >= 0 && p.num_valid_rows <= t,
+                  "num_valid_rows (" + std::to_string(p.num_valid_rows) +
+                      ") must be set, in [0, tokens = " + std::to_string(t) + "]");
+  DCPATTN_REQUIRE(row_request.extent(0) == t,
+                  "row_request has " + std::to_string(row_request.extent(0)) + " rows, but q has " +
+                      std::to_string(t) + " tokens");
+  DCPATTN_REQUIRE(block_table.extent(0) >= 0 && block_table.extent(1) >= 0,
+                  "block_table must be (num_requests, max_pages)");
+  DCPATTN_REQUIRE(p.interleave >= 1,
+                  "interleave (" + std::to_string(p.interleave) + ") must be >= 1");
+  DCPATTN_REQUIRE(p.page_size >= 1 && p.page_size % p.interleave == 0,
+                  "page_size (" + std::to_string(p.page_size) +
+                      ") must be a positive multiple of interleave (" +
+                      std::to_string(p.interleave) + ")");
+  DCPATTN_REQUIRE(is_power_of_two(p.num_splits) && p.num_splits <= kMaxSplits,
+                  "num_splits (" + std::to_string(p.num_splits) +
+                      ") must be a power of two in [1, " + std::to_string(kMaxSplits) + "]");
+  DCPATTN_REQUIRE(
+      std::isfinite(p.softmax_scale),
+      "softmax_scale must be set to a finite value, got " + std::to_string(p.softmax_scale));
+  DCPATTN_REQUIRE(t <= std::int64_t(INT_MAX),
+                  "tokens (" + std::to_string(t) + ") must be at most " + std::to_string(INT_MAX));
+  const std::int64_t head_blocks = h <= 16 ? 1 : (h + 63) / 64;  // see head_tiles_for
+  DCPATTN_REQUIRE(std::int64_t(p.num_splits) * head_blocks <= 65535,
+                  "num_splits (" + std::to_string(p.num_splits) + ") times head blocks of heads (" +
+                      std::to_string(h) + ") exceeds the grid limit (65535)");
+  const std::size_t need = split_state_bytes(t, h, p.num_splits);
+  DCPATTN_REQUIRE(scratch.size() >= need,
+                  "scratch has " + std::to_string(scratch.size()) + " bytes, but " +
+                      std::to_string(need) + " are needed (mla_decode_scratch_bytes(tokens = " +
+                      std::to_string(t) + ", heads = " + std::to_string(h) +
+                      ", num_splits = " + std::to_string(p.num_splits) + "))");
+  DCPATTN_REQUIRE(need == 0 || reinterpret_cast<std::uintptr_t>(scratch.data()) % 16 == 0,
+                  "scratch must be 16-byte aligned");
+}
+
+template <class QSrc, class CacheView, class Own>
+void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
+                 TensorView<const std::int32_t, 2> block_table,
+                 TensorView<const std::int32_t, 1> row_request, const MlaDecodeParams& p,
+                 TensorView<float, 3> o, TensorView<float, 2> lse, std::int64_t tokens, int heads,
+                 cuda::std::span<std::byte> scratch) {
+  a.cache = cache;
+  a.block_table = block_table;
+  a.row_request = row_request;
+  a.o = o;
+  a.lse = lse;
+  a.tokens = tokens;
+  a.heads = heads;
+  a.num_valid_rows = p.num_valid_rows;
+  a.num_splits = p.num_splits;
+  a.interleave = p.interleave;
+  a.page_size = p.page_size;
+  a.softmax_scale = p.softmax_scale;
+  a.cache_vector = cache_vector_path(cache);
+  a.rank = 0;
+  if (p.num_splits > 1) {
+    a.scratch_o = reinterpret_cast<float*>(scratch.data());
+    a.scratch_lse = a.scratch_o +
+                    std::size_t(p.num_splits) * std::size_t(tokens) * std::size_t(heads) * kMlaVDim;
+  } else {
+    a.scratch_o = nullptr;
+    a.scratch_lse = nullptr;
+  }
+}
+
+/// Validates the arguments of `count` states (count, T, H, 512) + (count, T, H) and launches the
+/// merge kernel.
+inline void launch_merge(float* states_o, float* states_lse, int count, std::int64_t tokens,
+                         int heads, int num_valid_rows, TensorView<float, 3> o,
+                         TensorView<float, 2> lse, cudaStream_t stream) {
+  const std::int64_t warps = tokens * std::int64_t(heads);
+  if (warps == 0) return;
+  const std::int64_t blocks = (warps + kWarps - 1) / kWarps;
+  mla_merge_kernel<><<<unsigned(blocks), kThreads, 0, stream>>>(states_o, states_lse, count, tokens,
+                                                              heads, num_valid_rows, o, lse);
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail::mla
+
+/// Bytes of device scratch mla_decode_dense / mla_decode_sparse need for up to `max_tokens` rows
+/// of `heads` heads and `num_splits` local splits: the fp32 split states (S, T, H, 512) and their
+/// lse (S, T, H); 0 when num_splits == 1 (the single state is written to the output directly).
+/// Throws dcpattn::Error on a negative count or a num_splits that is not a power of two <= 64.
+inline std::size_t mla_decode_scratch_bytes(std::int64_t max_tokens, int heads, int num_splits) {
+  DCPATTN_REQUIRE(max_tokens >= 0, "max_tokens (" + std::to_string(max_tokens) + ") must be >= 0");
+  DCPATTN_REQUIRE(heads >= 0, "heads (" + std::to_string(heads) + ") must be >= 0");
+  DCPATTN_REQUIRE(is_power_of_two(num_splits) && num_splits <= detail::mla::kMaxSplits,
+                  "num_splits (" + std::to_string(num_splits) + ") must be a power of two in [1, " +
+                      std::to_string(detail::mla::kMaxSplits) + "]");
+  return detail::mla::split_state_bytes(max_tokens, heads, num_splits);
+}
+
+namespace detail::mla {
+
+/// The split stage of mla_decode_dense alone: with num_splits > 1 it leaves the split states in
+/// scratch ((S, T, H, 512) fp32 then (S, T, H) lse, natural log; padding rows not written) and
+/// does not touch o/lse; with num_splits == 1 it writes o/lse. Same arguments and checks as
+/// mla_decode_dense.
+template <class QView, class CacheView>
+void dense_splits(const QView& q, const CacheView& cache,
+                  TensorView<const std::int32_t, 2> block_table,
+                  TensorView<const std::int32_t, 1> row_request,
+                  TensorView<const std::int64_t, 1> row_local_length, const MlaDecodeParams& p,
+                  TensorView<float, 3> o, TensorView<float, 2> lse,
+                  cuda::std::span<std::byte> scratch, cudaStream_t stream) {
+  validate_common(q, cache, block_table, row_request, p, o, lse, scratch);
+  DCPATTN_REQUIRE(row_local_length.extent(0) == q.extent(0),
+                  "row_local_length has " + std::to_string(row_local_length.extent(0)) +
+                      " rows, but q has " + std::to_string(q.extent(0)) + " tokens");
+  const std::int64_t tokens = q.extent(0);
+  if (tokens == 0) return;
+  auto qs = make_q_source(q);
+  SplitArgs<decltype(qs), CacheView, NoOwnership> a{};
+  a.q = qs;
+  fill_common(a, cache, block_table, row_request, p, o, lse, tokens, int(q.extent(1)), scratch);
+  a.row_local_length = row_local_length;
+  launch_split<false>(a, stream);
+}
+
+/// The split stage of mla_decode_sparse alone (see dense_splits).
+template <class QView, class CacheView, class Ownership>
+void sparse_splits(const QView& q, const CacheView& cache,
+                   TensorView<const std::int32_t, 2> block_table,
+                   TensorView<const std::int32_t, 1> row_request,
+                   TensorView<const std::int32_t, 2> topk,
+                   TensorView<const std::int64_t, 1> row_bound, const Ownership& own, int rank,
+                   const MlaDecodeParams& p, TensorView<float, 3> o, TensorView<float, 2> lse,
+                   cuda::std::span<std::byte> scratch, cudaStream_t stream) {
+  static_assert(SlotOwnership<Ownership>, DCPATTN_SLOT_OWNERSHIP_MESSAGE);
+  validate_common(q, cache, block_table, row_request, p, o, lse, scratch);
+  DCPATTN_REQUIRE(rank >= 0 && rank < own.group_size(),
+                  "rank (" + std::to_string(rank) +
+                      ") must be in [0, group_size = " + std::to_string(own.group_size()) + ")");
+  if constexpr (requires { own.interleave(); }) {
+    DCPATTN_REQUIRE(int(own.interleave()) == p.interleave,
+                    "interleave (" + std::to_string(p.interleave) +
+                        ") must equal the ownership's interleave (" +
+                        std::to_string(own.interleave()) + ")");
+  }
+  DCPATTN_REQUIRE(topk.extent(0) == q.extent(0),
+                  "topk_indices has " + std::to_string(topk.extent(0)) + " rows, but q has " +
+                      std::to_string(q.extent(0)) + " tokens");
+  DCPATTN_REQUIRE(row_bound.extent(0) == q.extent(0),
+                  "row_bound has " + std::to_string(row_bound.extent(0)) + " rows, but q has " +
+                      std::to_string(q.extent(0)) + " tokens");
+  const std::int64_t tokens = q.extent(0);
+  if (tokens == 0) return;
+  auto qs = make_q_source(q);
+  SplitArgs<decltype(qs), CacheView, Ownership> a{};
+  a.q = qs;
+  fill_common(a, cache, block_table, row_request, p, o, lse, tokens, int(q.extent(1)), scratch);
+  a.topk = topk;
+  a.row_bound = row_bound;
+  a.own = own;
+  a.rank = rank;
+  launch_split<true>(a, stream);
+}
+
+/// Merges `count` stacked states in place along tree_merge's tree, with the arithmetic of the
+/// split merge (and of the CUDA combine): states_o (count, T, H, 512) fp32, states_lse
+/// (count, T, H) natural log, contiguous, 16-byte aligned; writes state 0 to o (T, H, 512) and
+/// lse (T, H); rows t >= num_valid_rows get the neutral state and their states are not read.
+/// count: a power of two in [1, 64].
+inline void merge_states(float* states_o, float* states_lse, int count, std::int64_t tokens,
+                         int heads, int num_valid_rows, TensorView<float, 3> o,
+                         TensorView<float, 2> lse, cudaStream_t stream) {
+  DCPATTN_REQUIRE(is_power_of_two(count) && count <= kMaxSplits,
+                  "count (" + std::to_string(count) + ") must be a power of two in [1, " +
+                      std::to_string(kMaxSplits) + "]");
+  DCPATTN_REQUIRE(tokens >= 0 && heads >= 0 && num_valid_rows >= 0 && num_valid_rows <= tokens,
+                  "merge_states: bad tokens/heads/num_valid_rows");
+  DCPATTN_REQUIRE(o.extent(0) == tokens && o.extent(1) == heads && o.extent(2) == kMlaVDim,
+                  "o must be " + shape3(tokens, heads, kMlaVDim) + ", got " +
+                      shape3(o.extent(0), o.extent(1), o.extent(2)));
+  DCPATTN_REQUIRE(lse.extent(0) == tokens && lse.extent(1) == heads, "lse must be (tokens, heads)");
+  launch_merge(states_o, states_lse, count, tokens, heads, num_valid_rows, o, lse, stream);
+}
+
+}  // namespace detail::mla
+
+/// Dense paged MLA decode over THIS rank's local KV shard on the GPU; writes the merged local
+/// partial state. Semantics of dcpattn::host::mla_decode_dense (see the file comment for the
+/// numerics and for the data-dependent checks made in the kernel instead of on the host).
+///
+/// @tparam QView     rank-3 mdspan of bfloat16 (or float, rounded to bf16), any layout; strided
+///                   and LayoutRankMajorHeads views are read in place with 16-byte copies when
+///                   the head dim is contiguous and 16-byte aligned
+/// @tparam CacheView mla_cache_view_t<CacheFormat::bf16> (num_slots, 576) or
+///                   mla_cache_view_t<CacheFormat::fp8_ds_mla> (num_slots, 656)
+/// @param q                (tokens, heads, 576) device queries: latent-absorbed part then RoPE
+/// @param cache            the local paged MLA cache (device)
+/// @param block_table      (num_requests, max_pages) LOCAL page ids of each request (device)
+/// @param row_request      (tokens,) request of each row (device)
+/// @param row_local_length (tokens,) how many of this rank's tokens the row attends (device)
+/// @param p                softmax scale, page size, interleave, splits (power of two <= 64),
+///                         valid rows
+/// @param o                (tokens, heads, 512) fp32 output (device): softmax-weighted values
+/// @param lse              (tokens, heads) fp32 output (device): natural-log sum of exp(scores)
+/// @param scratch          device scratch of at least mla_decode_scratch_bytes(tokens, heads,
+///                         p.num_splits) bytes, 16-byte aligned, not overlapping the outputs
+/// @param stream           the stream everything is enqueued on
+/// A row with no local token, and every padding row t >= p.num_valid_rows, gets the neutral state
+/// (o = 0, lse = -inf); nothing of a padding row is read. Throws dcpattn::Error naming the
+/// parameter on bad extents or parameters, before anything is enqueued.
+template <class QView, class CacheView>
+void mla_decode_dense(const QView& q, const CacheView& cache,
+                      TensorView<const std::int32_t, 2> block_table,
+                      TensorView<const std::int32_t, 1> row_request,
+                      TensorView<const std::int64_t, 1> row_local_length, const MlaDecodeParams& p,
+                      TensorView<float, 3> o, TensorView<float, 2> lse,
+                      cuda::std::span<std::byte> scratch, cudaStream_t stream) {
+  detail::mla::dense_splits(q, cache, block_table, row_request, row_local_length, p, o, lse,
+                            scratch, stream);
+  if (p.num_splits > 1 && q.extent(0) > 0) {
+    float* so = reinterpret_cast<float*>(scratch.data());
+    float* sl = so + std::size_t(p.num_splits) * std::size_t(q.extent(0)) *
+                         std::size_t(q.extent(1)) * kMlaVDim;
+    detail::mla::launch_merge(so, sl, p.num_splits, q.extent(0), int(q.extent(1)), p.num_valid_rows,
+                              o, lse, stream);
+  }
+}
+
+/// Sparse (top-k, DSA) MLA decode over THIS rank's local KV shard on the GPU; writes the merged
+/// local state. Semantics of dcpattn::host::mla_decode_sparse: each row lists GLOBAL positions
+/// (any order, -1 = none, duplicates attended as listed); the rank keeps those it owns
+/// (own.owner(g) == rank) at local position own.local_position(g), split
+/// (local position / I) mod S, in list order. An entry < 0 or >= row_bound[t] is treated as -1.
+///
+/// @tparam Ownership a SlotOwnership model whose owner() and local_position() are callable on the
+///                   device (e.g. RoundRobinOwnership); when it has interleave(), it must equal
+///                   p.interleave
+/// @param topk      (tokens, k) global positions, -1 = none (device)
+/// @param row_bound (tokens,) global causal bound of each row (device)
+/// @param own, rank the ownership policy and this rank's index in [0, own.group_size())
+/// Other parameters, outputs, scratch and the neutral state as for mla_decode_dense.
+template <class QView, class CacheView, class Ownership>
+void mla_decode_sparse(const QView& q, const CacheView& cache,
+                       TensorView<const std::int32_t, 2> block_table,
+                       TensorView<const std::int32_t, 1> row_request,
+                       TensorView<const std::int32_t, 2> topk,
+                       TensorView<const std::int64_t, 1> row_bound, const Ownership& own, int rank,
+                       const MlaDecodeParams& p, TensorView<float, 3> o, TensorView<float, 2> lse,
+                       cuda::std::span<std::byte> scratch, cudaStream_t stream) {
+  detail::mla::sparse_splits(q, cache, block_table, row_request, topk, row_bound, own, rank, p, o,
+                             lse, scratch, stream);
+  if (p.num_splits > 1 && q.extent(0) > 0) {
+    float* so = reinterpret_cast<float*>(scratch.data());
+    float* sl = so + std::size_t(p.num_splits) * std::size_t(q.extent(0)) *
+                         std::size_t(q.extent(1)) * kMlaVDim;
+    detail::mla::launch_merge(so, sl, p.num_splits, q.extent(0), int(q.extent(1)), p.num_valid_rows,
+                              o, lse, stream);
+  }
+}
+
+}  // namespace cuda_kernels
+
+DCPATTN_NAMESPACE_END

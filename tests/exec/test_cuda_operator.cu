@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+// DcpAttention on the CUDA execution space under mpirun, the ranks sharing the GPU(s) through the
+// host-staged MPI communicator: deterministic mode is bitwise identical for N = 1, 2, 4 (dense and
+// sparse, bf16 and fp8 caches), and close to the host operator; fast mode is close to both.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "support/catch.hpp"
+#include "support/mpi_env.hpp"
+
+#include "dcpattn/comm/mpi.hpp"
+#include "dcpattn/comm/mpi_staged.cuh"
+#include "dcpattn/dcpattn.hpp"
+#include "dcpattn/exec/cuda.cuh"
+#include "op/scenario.hpp"
+
+using namespace dcpattn;
+using dcpattn::test::Scenario;
+
+namespace {
+
+constexpr float kScale = 0.0721687836f;  // 1 / sqrt(192)
+
+#define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
+
+/// A non-blocking stream, destroyed on scope exit (also when a forward throws).
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
+template <class T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceArray(std::size_t count) : n(count) {
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ptr), (count ? count : 1) * sizeof(T)));
+  }
+  explicit DeviceArray(const std::vector<T>& h) : DeviceArray(h.size()) {
+    CUDA_OK(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    CUDA_OK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+/// Output of one forward over all heads: out (T, H, 512), lse (T, H).
+struct Result {
+  std::vector<bfloat16> out;
+  std::vector<float> lse;
+};
+
+DcpConfig make_config(const Scenario& s, int group_size, DcpMode mode) {
+  DcpConfig c;
+  c.group_size = group_size;
+  c.num_heads = s.num_heads;
+  c.page_size = s.page_size;
+  c.interleave = s.interleave;
+  c.virtual_shards = 8;
+  c.max_tokens = int(s.rows());
+  c.gather_capacity = int(s.rows());
+  c.topk = s.topk;
+  c.softmax_scale = kScale;
+  c.mode = mode;
+  return c;
+}
+
+Scenario scenario_for(int interleave, std::uint32_t seed) {
+  // lengths below N*I (some ranks hold nothing), 0, 1 and longer; spec-decode rows; 2 padding rows
+  const int page = interleave == 1 ? 16 : 64;
+  return dcpattn::test::make_scenario(seed, {0, 1, 5, 70, 300}, {1, 1, 2, 3, 1}, 2,
+                                      /*heads=*/8, interleave, page, /*topk=*/24);
+}
+
+/// Rank-major (N, T, H_local, ...) slices -> (T, H, ...).
+Result assemble(const std::vector<bfloat16>& out_all, const std::vector<float>& lse_all, int n,
+                std::int64_t t, std::int64_t h) {
+  const std::int64_t hl = h / n;
+  Result r;
+  r.out.resize(std::size_t(t * h * kMlaVDim));
+  r.lse.resize(std::size_t(t * h));
+  for (int src = 0; src < n; ++src)
+    for (std::int64_t row = 0; row < t; ++row)
+      for (std::int64_t hh = 0; hh < hl; ++hh) {
+        const std::int64_t head = src * hl + hh;
+        r.lse[std::size_t(row * h + head)] = lse_all[std::size_t((src * t + row) * hl + hh)];
+        std::memcpy(&r.out[std::size_t((row * h + head) * kMlaVDim)],
+                    &out_all[std::size_t(((src * t + row) * hl + hh) * kMlaVDim)],
+                    kMlaVDim * sizeof(bfloat16));
+      }
+  return r;
+}
+
+/// One forward of DcpAttention<RoundRobin, Gather, Kernel, Combiner, MpiStaged, Cuda> on this
+/// rank's device copy of the scenario; returns all heads on every rank.
+template <CacheFormat F, bool Sparse, class Gather, class Combiner>
+Result run_cuda(MpiStagedCommunicator& comm, const Scenario& s, const DcpConfig& cfg) {
+  using Kernel = std::conditional_t<Sparse, SparseMla<F>, DenseMla<F>>;
+  using Op = DcpAttention<RoundRobinOwnership, Gather, Kernel, Combiner, MpiStagedCommunicator,
+                          CudaExecution>;
+  const int n = comm.size(), rank = comm.rank();
+  const std::int64_t t = s.rows(), h = s.num_heads, hl = h / n;
+  Op op(comm, cfg);
+  const auto cache = dcpattn::test::build_local_cache<F>(s, op.ownership(), rank);
+
+  DeviceArray<bfloat16> q(s.q);
+  DeviceArray<mla_cache_element_t<F>> d_cache(cache.data);
+  DeviceArray<std::int32_t> table(cache.block_table), row_request(s.row_request), topk(s.topk_idx);
+  DeviceArray<std::int64_t> row_bound(s.row_bound);
+  DeviceArray<bfloat16> out(std::size_t(t * hl * kMlaVDim));
+  DeviceArray<float> out_lse(std::size_t(t * hl));
+  DeviceArray<std::byte> ws(Op::workspace_bytes(cfg));
+  CUDA_OK(cudaMemset(out.ptr, 0xff, out.n * sizeof(bfloat16)));  // NaN: unwritten shows
+  CUDA_OK(cudaMemset(out_lse.ptr, 0xff, out_lse.n * sizeof(float)));
+
+  typename Op::Arguments a;
+  if constexpr (std::is_same_v<Gather, Replicated>) {
+    a.q = make_view(static_cast<const bfloat16*>(q.ptr), {t, h, std::int64_t(kMlaQkDim)});
+  } else {
+    // this rank's heads as a strided view into the full q (for N > 1 the gather packs it)
+    a.q = make_view(static_cast<const bfloat16*>(q.ptr) + rank * hl * kMlaQkDim,
+                    {t, hl, std::int64_t(kMlaQkDim)}, {h * kMlaQkDim, std::int64_t(kMlaQkDim), 1});
+  }
+  a.cache = make_view(static_cast<const mla_cache_element_t<F>*>(d_cache.ptr),
+                      {cache.num_slots, std::int64_t(mla_cache_row_width(F))});
+  a.block_table = make_view(static_cast<const std::int32_t*>(table.ptr),
+                            {std::int64_t(s.request_length.size()), cache.max_pages});
+  a.row_request = make_view(static_cast<const std::int32_t*>(row_request.ptr), {t});
+  a.row_bound = make_view(static_cast<const std::int64_t*>(row_bound.ptr), {t});
+  a.topk = make_view(static_cast<const std::int32_t*>(topk.ptr), {t, std::int64_t(s.topk)});
+  a.num_valid_rows = s.num_valid_rows;
+  a.out = make_view(out.ptr, {t, hl, std::int64_t(kMlaVDim)});
+  a.out_lse = make_view(out_lse.ptr, {t, hl});
+
+  const Stream stream;
+  op.forward(a, cuda::std::span<std::byte>(ws.ptr, ws.n), stream.s);
+  CUDA_OK(cudaStreamSynchronize(stream.s));
+  CUDA_OK(cudaGetLastError());
+
+  const auto out_local = out.download();
+  const auto lse_local = out_lse.download();
+  std::vector<bfloat16> out_all(std::size_t(n) * out_local.size());
+  std::vector<float> lse_all(std::size_t(n) * lse_local.size());
+  comm.host().all_gather(out_local.data(), out_all.data(), out_local.size());
+  comm.host().all_gather(lse_local.data(), lse_all.data(), lse_local.size());
+  return assemble(out_all, lse_all, n, t, h);
+}
+
+/// The host operator at N = 1 on the same scenario (the reference of the CUDA path).
+template <CacheFormat F, bool Sparse>
+Result run_host(const Scenario& s) {
+  using Kernel = std::conditional_t<Sparse, SparseMla<F>, DenseMla<F>>;
+  using Op = DcpAttention<RoundRobinOwnership, DirectWorkspace, Kernel, AllToAll, SelfCommunicator,
+                          HostExecution>;
+  SelfCommunicator self;
+  const DcpConfig cfg = make_config(s, 1, DcpMode::deterministic);
+  const std::int64_t t = s.rows(), h = s.num_heads;
+  Op op(self, cfg);
+  const auto cache = dcpattn::test::build_local_cache<F>(s, op.ownership(), 0);
+  Result r;
+  r.out.resize(std::size_t(t * h * kMlaVDim));
+  r.lse.resize(std::size_t(t * h));
+  typename Op::Arguments a;
+  a.q = make_view(static_cast<const bfloat16*>(s.q.data()), {t, h, std::int64_t(kMlaQkDim)});
+  a.cache = cache.view();
+  a.block_table = cache.table();
+  a.row_request = make_view(s.row_request.data(), {t});
+  a.row_bound = make_view(s.row_bound.data(), {t});
+  a.topk = make_view(s.topk_idx.data(), {t, std::int64_t(s.topk)});
+  a.num_valid_rows = s.num_valid_rows;
+  a.out = make_view(r.out.data(), {t, h, std::int64_t(kMlaVDim)});
+  a.out_lse = make_view(r.lse.data(), {t, h});
+  std::vector<std::byte> ws(Op::workspace_bytes(cfg));
+  op.forward(a, ws);
+  return r;
+}
+
+bool bitwise_equal(const Result& a, const Result& b) {
+  return a.out.size() == b.out.size() && a.lse.size() == b.lse.size() &&
+         std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(bfloat16)) == 0 &&
+         std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0;
+}
+
+/// Largest error of the CUDA result against the host operator, in units of the tolerance:
+///   o:   |d| <= 8e-3 + 1.6e-2 |ref|  (twice the host suite's tolerance against float64: the CUDA
+///        kernel rounds the softmax weights to bf16 for the tensor cores, ~1e-3 relative, and
+///        both sides round the output to bf16);
+///   lse: |d| <= 2e-4 (1 + |ref|) with the bf16 cache (fp32 scores from exact bf16 products), and
+///        |d| <= 2e-2 with the fp8 cache (the CUDA kernel rounds the dequantized key to bf16:
+///        2^-9 relative per element, ~3e-3 on a score of 576 terms, worst case a few times that).
+/// Rows empty on the host (lse -inf: padding, no key) must be exactly (0, -inf). Scaled by
+/// `factor` for fast-mode paths (bf16 partials add one more rounding).
+double error_vs_host(const Result& got, const Result& host, CacheFormat f, double factor = 1.0) {
+  double worst = 0;
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::size_t row = 0; row < host.lse.size(); ++row) {
+    const float hl = host.lse[row], gl = got.lse[row];
+    if (std::isinf(hl)) {
+      if (!(std::isinf(gl) && gl < 0)) return inf;
+      for (int i = 0; i < kMlaVDim; ++i)
+        if (got.out[row * kMlaVDim + i].bits != 0) return inf;
+      continue;
+    }
+    if (std::isnan(gl)) return inf;
+    const double lse_tol = f == CacheFormat::bf16 ? 2e-4 * (1 + std::fabs(hl)) : 2e-2;
+    worst = std::max(worst, std::fabs(double(gl) - hl) / (factor * lse_tol));
+    for (int i = 0; i < kMlaVDim; ++i) {
+      const double g = got.out[row * kMlaVDim + i].to_float();
+      const double r = host.out[row * kMlaVDim + i].to_float();
+      if (std::isnan(g)) return inf;
+      worst = std::max(worst, std::fabs(g - r) / (factor * (8e-3 + 1.6e-2 * std::fabs(r))));
+    }
+  }
+  return worst;
+}
+
+template <CacheFormat F, bool Sparse>
+void check_invariance(int interleave) {
+  const Scenario s = scenario_for(interleave, 4321u + unsigned(interleave));
+  const DcpConfig world_cfg = make_config(s, dcpattn::test::world_size(), DcpMode::deterministic);
+  const DcpConfig self_cfg = make_config(s, 1, DcpMode::deterministic);
+  // (self first: the last communicator built sets the rank that errors report)
+  MpiStagedCommunicator self(MPI_COMM_SELF, MpiStagedCommunicator::staging_bytes_for(self_cfg));
+  MpiStagedCommunicator world(MPI_COMM_WORLD, MpiStagedCommunicator::staging_bytes_for(world_cfg));
+  const Result dcp = run_cuda<F, Sparse, DirectWorkspace, AllToAll>(world, s, world_cfg);
+  const Result single = run_cuda<F, Sparse, DirectWorkspace, AllToAll>(self, s, self_cfg);
+  const Result host = run_host<F, Sparse>(s);
+  INFO("N = " << world.size() << ", I = " << interleave);
+  CHECK(bitwise_equal(dcp, single));
+  const double err = error_vs_host(dcp, host, F);
+  CAPTURE(err);
+  CHECK(err <= 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA deterministic dense bf16: N ranks are bitwise N = 1, close to the host",
+          "[cuda][op][deterministic]") {
+  check_invariance<CacheFormat::bf16, false>(1);
+  check_invariance<CacheFormat::bf16, false>(64);
+}
+
+TEST_CASE("CUDA deterministic dense fp8: N ranks are bitwise N = 1, close to the host",
+          "[cuda][op][deterministic]") {
+  check_invariance<CacheFormat::fp8_ds_mla, false>(1);
+  check_invariance<CacheFormat::fp8_ds_mla, false>(64);
+}
+
+TEST_CASE("CUDA deterministic sparse bf16: N ranks are bitwise N = 1, close to the host",
+          "[cuda][op][deterministic]") {
+  check_invariance<CacheFormat::bf16, true>(1);
+  check_invariance<CacheFormat::bf16, true>(64);
+}
+
+TEST_CASE("CUDA deterministic sparse fp8: N ranks are bitwise N = 1, close to the host",
+          "[cuda][op][deterministic]") {
+  check_invariance<CacheFormat::fp8_ds_mla, true>(1);
+  check_invariance<CacheFormat::fp8_ds_mla, true>(64);
+}
+
+TEST_CASE("CUDA fast mode (bf16 partials, all-gather + reduce-scatter) is close to the host",
+          "[cuda][op][fast]") {
+  const Scenario s = scenario_for(1, 77u);
+  const Result host = run_host<CacheFormat::bf16, false>(s);
+  DcpConfig fast = make_config(s, dcpattn::test::world_size(), DcpMode::fast);
+  fast.partial_dtype = PartialDtype::bf16;
+  MpiStagedCommunicator world(MPI_COMM_WORLD, MpiStagedCommunicator::staging_bytes_for(fast));
+  SECTION("all-to-all with bf16 partials") {
+    const Result r = run_cuda<CacheFormat::bf16, false, AllGather, AllToAll>(world, s, fast);
+    const double err = error_vs_host(r, host, CacheFormat::bf16, 2.0);
+    CAPTURE(err);
+    CHECK(err <= 1.0);
+  }
+  SECTION("all-gather + reduce-scatter, replicated query") {
+    fast.partial_dtype = PartialDtype::fp32;
+    world.reserve(MpiStagedCommunicator::staging_bytes_for(fast));
+    const Result r =
+        run_cuda<CacheFormat::bf16, false, Replicated, AllGatherReduceScatter>(world, s, fast);
+    const double err = error_vs_host(r, host, CacheFormat::bf16, 2.0);
+    CAPTURE(err);
+    CHECK(err <= 1.0);
+  }
+}
+
+TEST_CASE("MpiStagedCommunicator refuses a collective beyond its capacity, on every rank",
+          "[cuda][comm]") {
+  const Scenario s = scenario_for(1, 3u);
+  const DcpConfig cfg = make_config(s, dcpattn::test::world_size(), DcpMode::deterministic);
+  // enough for nothing: the query all-gather, the first collective, is refused before any
+  // communication, identically on every rank
+  MpiStagedCommunicator small(MPI_COMM_WORLD, 64);
+  std::string message;
+  try {
+    (void)run_cuda<CacheFormat::bf16, false, DirectWorkspace, AllToAll>(small, s, cfg);
+  } catch (const dcpattn::Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("capacity (64 bytes)") != std::string::npos);
+  CHECK(dcpattn::test::all_ranks(!message.empty()));
+}
+
+TEST_CASE("MpiStagedCommunicator refuses to be captured in a CUDA graph", "[cuda][comm]") {
+  MpiStagedCommunicator self(MPI_COMM_SELF, 1024);
+  MpiStagedCommunicator world(MPI_COMM_WORLD, 1024);  // restores the error rank
+  DeviceArray<float> a(16), b(16);
+  const Stream stream;
+  CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+  bool threw = false;
+  try {
+    self.all_gather(static_cast<const float*>(a.ptr), b.ptr, 16, stream.s);
+  } catch (const dcpattn::Error& e) {
+    threw = std::string(e.what()).find("CUDA graph") != std::string::npos;
+  }
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamEndCapture(stream.s, &graph));
+  if (graph) CUDA_OK(cudaGraphDestroy(graph));
+  CHECK(threw);
+}
