@@ -4,6 +4,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <string>
 
 #include <cuda/std/limits>
 
@@ -11,6 +12,7 @@
 #include "dcpattn/core/lse.hpp"
 #include "dcpattn/core/numeric.hpp"
 #include "dcpattn/core/tensor.hpp"
+#include "dcpattn/error.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
 
 DCPATTN_NAMESPACE_BEGIN
@@ -50,6 +52,66 @@ constexpr DCPATTN_HOST_DEVICE int mla_split_of(std::int64_t p, int num_splits,
                                                int interleave) noexcept {
   return int((p / interleave) % num_splits);
 }
+
+namespace detail {
+/// The argument checks every MLA decode implementation shares; they read only extents and
+/// parameters (never device data), so the host and the CUDA launchers both run them before any
+/// work. Throws dcpattn::Error naming the parameter.
+template <class QView, class CacheView>
+void validate_mla_extents(const QView& q, const CacheView& cache,
+                          TensorView<const std::int32_t, 1> row_request, const MlaDecodeParams& p,
+                          TensorView<float, 3> o, TensorView<float, 2> lse) {
+  static_assert(QView::rank() == 3, "dcpattn: q must be a rank-3 view (tokens, heads, 576)");
+  validate_mla_cache(cache, "cache");
+  const std::int64_t t = q.extent(0);
+  const std::int64_t h = q.extent(1);
+  auto s = [](std::int64_t v) { return std::to_string(v); };
+  DCPATTN_REQUIRE(q.extent(2) == kMlaQkDim,
+                  "q must have head dim " + s(kMlaQkDim) + ", got " + s(q.extent(2)));
+  DCPATTN_REQUIRE(h >= 1, "q must have at least one head, got " + s(h));
+  DCPATTN_REQUIRE(o.extent(0) == t && o.extent(1) == h && o.extent(2) == kMlaVDim,
+                  "o must be (" + s(t) + ", " + s(h) + ", " + s(kMlaVDim) + ") like q, got (" +
+                      s(o.extent(0)) + ", " + s(o.extent(1)) + ", " + s(o.extent(2)) + ")");
+  DCPATTN_REQUIRE(lse.extent(0) == t && lse.extent(1) == h,
+                  "lse must be (" + s(t) + ", " + s(h) + ") like q, got (" + s(lse.extent(0)) +
+                      ", " + s(lse.extent(1)) + ")");
+  DCPATTN_REQUIRE(p.num_valid_rows >= 0 && p.num_valid_rows <= t,
+                  "num_valid_rows (" + s(p.num_valid_rows) + ") must be set, in [0, tokens = " +
+                      s(t) + "]");
+  DCPATTN_REQUIRE(row_request.extent(0) == t, "row_request has " + s(row_request.extent(0)) +
+                                                  " rows, but q has " + s(t) + " tokens");
+  DCPATTN_REQUIRE(p.interleave >= 1, "interleave (" + s(p.interleave) + ") must be >= 1");
+  DCPATTN_REQUIRE(p.page_size >= 1 && p.page_size % p.interleave == 0,
+                  "page_size (" + s(p.page_size) + ") must be a positive multiple of interleave (" +
+                      s(p.interleave) + ")");
+  DCPATTN_REQUIRE(is_power_of_two(p.num_splits),
+                  "num_splits (" + s(p.num_splits) + ") must be a power of two >= 1");
+  DCPATTN_REQUIRE(p.softmax_scale - p.softmax_scale == 0.0f,  // finite
+                  "softmax_scale must be set to a finite value, got " +
+                      std::to_string(p.softmax_scale));
+}
+
+/// The extra checks of sparse decode (extents and the ownership; no data reads).
+template <class QView, class Ownership>
+void validate_mla_sparse_extents(const QView& q, TensorView<const std::int32_t, 2> topk,
+                                 TensorView<const std::int64_t, 1> row_bound, const Ownership& own,
+                                 int rank, const MlaDecodeParams& p) {
+  auto s = [](std::int64_t v) { return std::to_string(v); };
+  DCPATTN_REQUIRE(rank >= 0 && rank < own.group_size(),
+                  "rank (" + s(rank) + ") must be in [0, group_size = " + s(own.group_size()) + ")");
+  if constexpr (requires { own.interleave(); }) {
+    DCPATTN_REQUIRE(int(own.interleave()) == p.interleave,
+                    "interleave (" + s(p.interleave) + ") must equal the ownership's interleave (" +
+                        s(own.interleave()) + ")");
+  }
+  DCPATTN_REQUIRE(topk.extent(0) == q.extent(0), "topk_indices has " + s(topk.extent(0)) +
+                                                     " rows, but q has " + s(q.extent(0)) +
+                                                     " tokens");
+  DCPATTN_REQUIRE(row_bound.extent(0) == q.extent(0), "row_bound has " + s(row_bound.extent(0)) +
+                                                          " rows, but q has " + s(q.extent(0)) +
+                                                          " tokens");
+}
+}  // namespace detail
 
 /// Requirements on an attention kernel policy K:
 ///   - K::is_sparse        bool: reads a top-k index list per row instead of the causal prefix

@@ -817,40 +817,14 @@ void validate_common(const QView& q, const CacheView& cache,
                      TensorView<const std::int32_t, 1> row_request, const MlaDecodeParams& p,
                      TensorView<float, 3> o, TensorView<float, 2> lse,
                      cuda::std::span<std::byte> scratch) {
-  static_assert(QView::rank() == 3, "dcpattn: q must be a rank-3 view (tokens, heads, 576)");
-  validate_mla_cache(cache, "cache");
+  dcpattn::detail::validate_mla_extents(q, cache, row_request, p, o, lse);
   const std::int64_t t = q.extent(0);
   const std::int64_t h = q.extent(1);
-  DCPATTN_REQUIRE(q.extent(2) == kMlaQkDim, "q must have head dim " + std::to_string(kMlaQkDim) +
-                                                ", got " + std::to_string(q.extent(2)));
-  DCPATTN_REQUIRE(h >= 1, "q must have at least one head, got " + std::to_string(h));
-  DCPATTN_REQUIRE(o.extent(0) == t && o.extent(1) == h && o.extent(2) == kMlaVDim,
-                  "o must be " + shape3(t, h, kMlaVDim) + " like q, got " +
-                      shape3(o.extent(0), o.extent(1), o.extent(2)));
-  DCPATTN_REQUIRE(lse.extent(0) == t && lse.extent(1) == h,
-                  "lse must be (" + std::to_string(t) + ", " + std::to_string(h) +
-                      ") like q, got (" + std::to_string(lse.extent(0)) + ", " +
-                      std::to_string(lse.extent(1)) + ")");
-  DCPATTN_REQUIRE(p.num_valid_rows >= 0 && p.num_valid_rows <= t,
-                  "num_valid_rows (" + std::to_string(p.num_valid_rows) +
-                      ") must be set, in [0, tokens = " + std::to_string(t) + "]");
-  DCPATTN_REQUIRE(row_request.extent(0) == t,
-                  "row_request has " + std::to_string(row_request.extent(0)) + " rows, but q has " +
-                      std::to_string(t) + " tokens");
   DCPATTN_REQUIRE(block_table.extent(0) >= 0 && block_table.extent(1) >= 0,
                   "block_table must be (num_requests, max_pages)");
-  DCPATTN_REQUIRE(p.interleave >= 1,
-                  "interleave (" + std::to_string(p.interleave) + ") must be >= 1");
-  DCPATTN_REQUIRE(p.page_size >= 1 && p.page_size % p.interleave == 0,
-                  "page_size (" + std::to_string(p.page_size) +
-                      ") must be a positive multiple of interleave (" +
-                      std::to_string(p.interleave) + ")");
-  DCPATTN_REQUIRE(is_power_of_two(p.num_splits) && p.num_splits <= kMaxSplits,
+  DCPATTN_REQUIRE(p.num_splits <= kMaxSplits,
                   "num_splits (" + std::to_string(p.num_splits) +
                       ") must be a power of two in [1, " + std::to_string(kMaxSplits) + "]");
-  DCPATTN_REQUIRE(
-      std::isfinite(p.softmax_scale),
-      "softmax_scale must be set to a finite value, got " + std::to_string(p.softmax_scale));
   DCPATTN_REQUIRE(t <= std::int64_t(INT_MAX),
                   "tokens (" + std::to_string(t) + ") must be at most " + std::to_string(INT_MAX));
   const std::int64_t head_blocks = h <= 16 ? 1 : (h + 63) / 64;  // see head_tiles_for
@@ -963,21 +937,7 @@ void sparse_splits(const QView& q, const CacheView& cache,
                    cuda::std::span<std::byte> scratch, cudaStream_t stream) {
   static_assert(SlotOwnership<Ownership>, DCPATTN_SLOT_OWNERSHIP_MESSAGE);
   validate_common(q, cache, block_table, row_request, p, o, lse, scratch);
-  DCPATTN_REQUIRE(rank >= 0 && rank < own.group_size(),
-                  "rank (" + std::to_string(rank) +
-                      ") must be in [0, group_size = " + std::to_string(own.group_size()) + ")");
-  if constexpr (requires { own.interleave(); }) {
-    DCPATTN_REQUIRE(int(own.interleave()) == p.interleave,
-                    "interleave (" + std::to_string(p.interleave) +
-                        ") must equal the ownership's interleave (" +
-                        std::to_string(own.interleave()) + ")");
-  }
-  DCPATTN_REQUIRE(topk.extent(0) == q.extent(0),
-                  "topk_indices has " + std::to_string(topk.extent(0)) + " rows, but q has " +
-                      std::to_string(q.extent(0)) + " tokens");
-  DCPATTN_REQUIRE(row_bound.extent(0) == q.extent(0),
-                  "row_bound has " + std::to_string(row_bound.extent(0)) + " rows, but q has " +
-                      std::to_string(q.extent(0)) + " tokens");
+  dcpattn::detail::validate_mla_sparse_extents(q, topk, row_bound, own, rank, p);
   const std::int64_t tokens = q.extent(0);
   if (tokens == 0) return;
   auto qs = make_q_source(q);

@@ -45,40 +45,12 @@ inline void require_rows(std::int64_t rows, std::int64_t tokens, const char* nam
                                       " rows, but q has " + std::to_string(tokens) + " tokens");
 }
 
-template <class QView>
-void validate_mla_common(const QView& q, const MlaDecodeParams& p,
+template <class QView, class CacheView>
+void validate_mla_common(const QView& q, const CacheView& cache, const MlaDecodeParams& p,
                          TensorView<const std::int32_t, 2> block_table,
                          TensorView<const std::int32_t, 1> row_request, TensorView<float, 3> o,
                          TensorView<float, 2> lse) {
-  static_assert(QView::rank() == 3, "dcpattn: q must be a rank-3 view (tokens, heads, 576)");
-  const std::int64_t t = q.extent(0);
-  const std::int64_t h = q.extent(1);
-  DCPATTN_REQUIRE(q.extent(2) == kMlaQkDim, "q must have head dim " + std::to_string(kMlaQkDim) +
-                                                ", got " + std::to_string(q.extent(2)));
-  DCPATTN_REQUIRE(o.extent(0) == t && o.extent(1) == h && o.extent(2) == kMlaVDim,
-                  "o must be (" + std::to_string(t) + ", " + std::to_string(h) + ", " +
-                      std::to_string(kMlaVDim) + ") like q, got (" + std::to_string(o.extent(0)) +
-                      ", " + std::to_string(o.extent(1)) + ", " + std::to_string(o.extent(2)) +
-                      ")");
-  DCPATTN_REQUIRE(lse.extent(0) == t && lse.extent(1) == h,
-                  "lse must be (" + std::to_string(t) + ", " + std::to_string(h) +
-                      ") like q, got (" + std::to_string(lse.extent(0)) + ", " +
-                      std::to_string(lse.extent(1)) + ")");
-  DCPATTN_REQUIRE(p.num_valid_rows >= 0 && p.num_valid_rows <= t,
-                  "num_valid_rows (" + std::to_string(p.num_valid_rows) +
-                      ") must be set, in [0, tokens = " + std::to_string(t) + "]");
-  require_rows(row_request.extent(0), t, "row_request");
-  DCPATTN_REQUIRE(p.interleave >= 1,
-                  "interleave (" + std::to_string(p.interleave) + ") must be >= 1");
-  DCPATTN_REQUIRE(p.page_size >= 1 && p.page_size % p.interleave == 0,
-                  "page_size (" + std::to_string(p.page_size) +
-                      ") must be a positive multiple of interleave (" +
-                      std::to_string(p.interleave) + ")");
-  DCPATTN_REQUIRE(is_power_of_two(p.num_splits),
-                  "num_splits (" + std::to_string(p.num_splits) + ") must be a power of two >= 1");
-  DCPATTN_REQUIRE(
-      std::isfinite(p.softmax_scale),
-      "softmax_scale must be set to a finite value, got " + std::to_string(p.softmax_scale));
+  dcpattn::detail::validate_mla_extents(q, cache, row_request, p, o, lse);
   for (std::int64_t r = 0; r < p.num_valid_rows; ++r) {
     const std::int32_t req = row_request(r);
     DCPATTN_REQUIRE(req >= 0 && req < block_table.extent(0),
@@ -235,8 +207,7 @@ void mla_decode_dense(const QView& q, const CacheView& cache,
                       TensorView<const std::int32_t, 1> row_request,
                       TensorView<const std::int64_t, 1> row_local_length, const MlaDecodeParams& p,
                       TensorView<float, 3> o, TensorView<float, 2> lse) {
-  validate_mla_cache(cache, "cache");
-  detail::validate_mla_common(q, p, block_table, row_request, o, lse);
+  detail::validate_mla_common(q, cache, p, block_table, row_request, o, lse);
   detail::require_rows(row_local_length.extent(0), q.extent(0), "row_local_length");
   for (std::int64_t t = 0; t < p.num_valid_rows; ++t) {
     const std::int64_t len = row_local_length(t);
@@ -303,19 +274,8 @@ void mla_decode_sparse(const QView& q, const CacheView& cache,
                        TensorView<const std::int64_t, 1> row_bound, const Ownership& own, int rank,
                        const MlaDecodeParams& p, TensorView<float, 3> o, TensorView<float, 2> lse) {
   static_assert(SlotOwnership<Ownership>, DCPATTN_SLOT_OWNERSHIP_MESSAGE);
-  validate_mla_cache(cache, "cache");
-  detail::validate_mla_common(q, p, block_table, row_request, o, lse);
-  DCPATTN_REQUIRE(rank >= 0 && rank < own.group_size(),
-                  "rank (" + std::to_string(rank) +
-                      ") must be in [0, group_size = " + std::to_string(own.group_size()) + ")");
-  if constexpr (requires { own.interleave(); }) {
-    DCPATTN_REQUIRE(int(own.interleave()) == p.interleave,
-                    "interleave (" + std::to_string(p.interleave) +
-                        ") must equal the ownership's interleave (" +
-                        std::to_string(own.interleave()) + ")");
-  }
-  detail::require_rows(topk.extent(0), q.extent(0), "topk_indices");
-  detail::require_rows(row_bound.extent(0), q.extent(0), "row_bound");
+  detail::validate_mla_common(q, cache, p, block_table, row_request, o, lse);
+  dcpattn::detail::validate_mla_sparse_extents(q, topk, row_bound, own, rank, p);
   for (std::int64_t t = 0; t < p.num_valid_rows; ++t) {
     const std::int64_t bound = row_bound(t);
     DCPATTN_REQUIRE(bound >= 0, "row_bound[" + std::to_string(t) + "] = " + std::to_string(bound) +
