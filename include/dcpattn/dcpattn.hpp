@@ -21,6 +21,8 @@
 #include "dcpattn/gather/direct_workspace.hpp"
 #include "dcpattn/gather/query_gather.hpp"
 #include "dcpattn/gather/replicated.hpp"
+#include "dcpattn/indexer/distributed_topk.hpp"
+#include "dcpattn/indexer/indexer.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
 #include "dcpattn/kernels/host/prologue.hpp"
 #include "dcpattn/kernels/mla_kernel.hpp"
