@@ -4,13 +4,24 @@
 //   merge_det_fp32         N received fp32 chunks -> (T, H/N, 512) bf16, fixed tree (deterministic)
 //   merge_fast_{fp32,bf16} N received chunks -> (T, H/N, 512) bf16, one N-way log-sum-exp
 //   rescale_agrs           (T, H, 512) fp32 + (N, T, H) lse -> (N, T, H/N, 512) fp32 (vLLM-style)
-// for T in {1, 16, 64, 256, 1024, 8192}, H in {16, 128}, N in {2, 4, 8}. Reports the median time,
-// the bytes each step must move (every input read once, every output written once), the achieved
-// GB/s and its share of the measured device-to-device copy bandwidth. Inputs rotate among enough
-// copies to exceed the L2 cache where memory allows ("l2_resident" says when they could not).
+// for T in {1, 16, 64, 256, 1024, 8192}, H in {16, 128}, N in {2, 4, 8}. Reports the bytes each
+// step must move (every input read once, every output written once), the achieved GB/s and its
+// share of the measured device-to-device copy bandwidth, from three timings per step:
+//   median_us  per call, CUDA-graph replays of calls_per_graph back-to-back calls (median replay
+//              over calls_per_graph; each timed replay queued behind an untimed one): no host
+//              launch work, the launch gaps of a graph-captured step (bench_common.cuh
+//              median_us_graph; the peers: triton.testing.do_bench_cudagraph)
+//   single_us  one call behind a 256 MiB L2 flush, events around it: the latency of one launch
+//              without its host launch work (median_us_flushed; the peers: triton.testing.do_bench)
+//   eager_us   one call from an idle stream, events around it: host launch work included
+// L2: every step rotates among `sets` copies of its inputs and outputs, sets = clamp(ceil(3 L2 /
+// bytes), 1, 64) from its own bytes per call (the peers use the same rule), so that consecutive
+// calls do not find their inputs in L2; pct_l2_footprint = 100 sets bytes / L2 says where 64 sets
+// could not reach that (small T: the graph then runs from L2, for the peers as for us).
 //
 // Usage: bench_combine [out.json]   (default: bench_combine.json)
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -72,15 +83,27 @@ int main(int argc, char** argv) {
   const double copy_gbs = bench::measure_copy_bandwidth_gbs(stream);
   std::printf("device: %s, L2 %d MiB, copy bandwidth %.0f GB/s (read + write)\n", prop.name,
               l2 >> 20, copy_gbs);
+  // the L2 flush of single_us: 256 MiB, as triton.testing.do_bench
+  constexpr std::size_t kFlushBytes = std::size_t(256) << 20;
+  void* flush = device_alloc<std::byte>(kFlushBytes);
+  constexpr int kMinCallsPerGraph = 20;
+  constexpr int kMaxSets = 64;
 
   bench::JsonRecords json;
   json.begin()
       .field("kernel", std::string("copy_ceiling"))
       .field("device", std::string(prop.name))
-      .field("gbps", copy_gbs);
+      .field("gbps", copy_gbs)
+      .field("l2_bytes", double(l2))
+      .field("note",
+             std::string("median_us: per call from CUDA-graph replays of calls_per_graph calls "
+                         "(median replay / calls); single_us: one call behind a 256 MiB L2 flush "
+                         "(as triton do_bench); eager_us: one call from an idle stream, host "
+                         "launch included; inputs rotate over sets = clamp(ceil(3 L2 / bytes), 1, "
+                         "64) copies; gbps and pct_copy_bw from median_us"));
 
-  std::printf("%-16s %6s %4s %2s %10s %12s %8s %7s %5s\n", "kernel", "T", "H", "N", "median_us",
-              "bytes", "GB/s", "%copy", "sets");
+  std::printf("%-16s %6s %4s %2s %9s %9s %9s %12s %7s %6s %6s %5s\n", "kernel", "T", "H", "N",
+              "graph_us", "single_us", "eager_us", "bytes", "GB/s", "%copy", "%copy1", "sets");
   for (std::int64_t t : {1, 16, 64, 256, 1024, 8192}) {
     for (std::int64_t h : {16, 128}) {
       for (int n : {2, 4, 8}) {
@@ -93,9 +116,24 @@ int main(int argc, char** argv) {
         const std::size_t s32_b = std::size_t(n) * l32.bytes, s16_b = std::size_t(n) * l16.bytes;
         const std::size_t out_b = std::size_t(t * hl * kDv) * 2;
         const std::size_t lse_all_b = std::size_t(n) * lse_b, packed_b = o_b;
-        const std::size_t set_b = o_b + lse_b + s32_b + s16_b + out_b + lse_all_b + packed_b;
-        const int sets = int(std::clamp<std::size_t>((3 * std::size_t(l2) + set_b - 1) / set_b, 1, 64));
-        const bool l2_resident = std::size_t(sets) * set_b < 2 * std::size_t(l2);
+
+        // bytes each step must move per call
+        const double rows_all = double(t * h), rows_local = double(t * hl);
+        auto pack_bytes = [&](double esize) {
+          return rows_all * (kDv * 4 + 4) + rows_all * (kDv * esize + 4);
+        };
+        auto merge_bytes = [&](double esize) {
+          return double(n) * rows_local * (kDv * esize + 4) + rows_local * kDv * 2;
+        };
+        const double rescale_bytes =
+            rows_all * kDv * 4 + double(n) * rows_all * 4 + rows_all * kDv * 4;
+        auto sets_for = [&](double bytes) {
+          return int(
+              std::clamp<double>(std::ceil(3.0 * double(l2) / bytes), 1.0, double(kMaxSets)));
+        };
+        const int sets =
+            std::max({sets_for(pack_bytes(4)), sets_for(pack_bytes(2)), sets_for(merge_bytes(4)),
+                      sets_for(merge_bytes(2)), sets_for(rescale_bytes)});
 
         auto* o = device_alloc<float>(sets * o_b);
         auto* lse = device_alloc<float>(sets * lse_b);
@@ -128,11 +166,23 @@ int main(int argc, char** argv) {
         }
         DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-        auto record = [&](const char* kernel, double us, double bytes) {
-          const double gbs = bytes / (us * 1e3);
-          std::printf("%-16s %6lld %4lld %2d %10.2f %12.0f %8.0f %6.1f%% %5d%s\n", kernel,
-                      (long long)s.t, (long long)s.h, s.n, us, bytes, gbs, 100.0 * gbs / copy_gbs,
-                      sets, l2_resident ? " (L2)" : "");
+        // Times `call(i)` (i: the input set) three ways, rotating over the sets its bytes need.
+        auto run = [&](const char* kernel, double bytes, const auto& call) {
+          const int k_sets = std::min(sets, sets_for(bytes));
+          int it = 0;
+          auto next = [&] { call((it++) % k_sets); };
+          const double eager_us = bench::median_us(next, stream);
+          const double single_us = bench::median_us_flushed(next, stream, flush, kFlushBytes);
+          const int calls = (std::max(kMinCallsPerGraph, k_sets) + k_sets - 1) / k_sets * k_sets;
+          it = 0;
+          const double us = bench::median_us_graph(next, stream, calls);
+          const double gbs = bytes / (us * 1e3), gbs1 = bytes / (single_us * 1e3);
+          const double l2_pct = 100.0 * double(k_sets) * bytes / double(l2);
+          std::printf(
+              "%-16s %6lld %4lld %2d %9.2f %9.2f %9.2f %12.0f %7.0f %5.1f%% %5.1f%% %5d%s\n",
+              kernel, (long long)s.t, (long long)s.h, s.n, us, single_us, eager_us, bytes, gbs,
+              100.0 * gbs / copy_gbs, 100.0 * gbs1 / copy_gbs, k_sets,
+              l2_pct < 200.0 ? " (L2)" : "");
           json.begin()
               .field("kernel", std::string(kernel))
               .field("T", double(s.t))
@@ -140,36 +190,31 @@ int main(int argc, char** argv) {
               .field("N", double(s.n))
               .field("H_local", double(hl))
               .field("median_us", us)
+              .field("single_us", single_us)
+              .field("eager_us", eager_us)
               .field("bytes", bytes)
               .field("gbps", gbs)
               .field("pct_copy_bw", 100.0 * gbs / copy_gbs)
-              .field("sets", double(sets))
-              .field("l2_resident", l2_resident ? 1.0 : 0.0);
+              .field("pct_copy_bw_single", 100.0 * gbs1 / copy_gbs)
+              .field("sets", double(k_sets))
+              .field("calls_per_graph", double(calls))
+              .field("pct_l2_footprint", l2_pct);
         };
-        int it = 0;
-        auto next = [&] { return (it++) % sets; };
 
         // pack: read o + lse, write N chunks (o in the partial dtype + lse); it rewrites the
         // chunks the merges read below with the same bytes
-        const double rows_all = double(t * h);
         for (PartialDtype dt : {PartialDtype::fp32, PartialDtype::bf16}) {
           const auto& lay = dt == PartialDtype::fp32 ? l32 : l16;
           std::byte* base = dt == PartialDtype::fp32 ? s32 : s16;
           const std::size_t stride = dt == PartialDtype::fp32 ? s32_b : s16_b;
-          const double us = bench::median_us(
-              [&] {
-                const int i = next();
+          run(dt == PartialDtype::fp32 ? "pack_a2a_fp32" : "pack_a2a_bf16",
+              pack_bytes(dt == PartialDtype::fp32 ? 4 : 2), [&](int i) {
                 cuda_kernels::combine_pack_a2a<lse_base_e>(o_view(i), lse_view(i), int(t), n, dt,
                                                            lay, base + i * stride, stream);
-              },
-              stream);
-          const double esize = dt == PartialDtype::fp32 ? 4 : 2;
-          record(dt == PartialDtype::fp32 ? "pack_a2a_fp32" : "pack_a2a_bf16", us,
-                 rows_all * (kDv * 4 + 4) + rows_all * (kDv * esize + 4));
+              });
         }
 
         // merges: read N chunks (o + lse), write (T, H_local, 512) bf16
-        const double rows_local = double(t * hl);
         struct MergeCase {
           const char* name;
           DcpMode mode;
@@ -181,29 +226,18 @@ int main(int argc, char** argv) {
           const auto& lay = mc.dt == PartialDtype::fp32 ? l32 : l16;
           const std::byte* base = mc.dt == PartialDtype::fp32 ? s32 : s16;
           const std::size_t stride = mc.dt == PartialDtype::fp32 ? s32_b : s16_b;
-          const double us = bench::median_us(
-              [&] {
-                const int i = next();
-                cuda_kernels::combine_merge_a2a<bfloat16>(base + i * stride, n, mc.mode, mc.dt, lay,
-                                                          out_view(i), no_lse, stream);
-              },
-              stream);
-          const double esize = mc.dt == PartialDtype::fp32 ? 4 : 2;
-          record(mc.name, us, double(n) * rows_local * (kDv * esize + 4) + rows_local * kDv * 2);
+          run(mc.name, merge_bytes(mc.dt == PartialDtype::fp32 ? 4 : 2), [&](int i) {
+            cuda_kernels::combine_merge_a2a<bfloat16>(base + i * stride, n, mc.mode, mc.dt, lay,
+                                                      out_view(i), no_lse, stream);
+          });
         }
 
         // all-gather/reduce-scatter rescale: read o + N lse planes, write packed o (fp32)
-        {
-          const double us = bench::median_us(
-              [&] {
-                const int i = next();
-                cuda_kernels::combine_rescale_agrs(o_view(i), lse_all + std::size_t(i) * lse_all_b / 4,
-                                                   0, n, packed + std::size_t(i) * packed_b / 4,
-                                                   no_lse, stream);
-              },
-              stream);
-          record("rescale_agrs", us, rows_all * kDv * 4 + double(n) * rows_all * 4 + rows_all * kDv * 4);
-        }
+        run("rescale_agrs", rescale_bytes, [&](int i) {
+          cuda_kernels::combine_rescale_agrs(o_view(i), lse_all + std::size_t(i) * lse_all_b / 4, 0,
+                                             n, packed + std::size_t(i) * packed_b / 4, no_lse,
+                                             stream);
+        });
 
         DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
         for (void* p : {(void*)o, (void*)lse, (void*)s32, (void*)s16, (void*)out, (void*)lse_all,
@@ -212,6 +246,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  DCPATTN_CUDA_CHECK(cudaFree(flush));
   json.write(out_path);
   std::printf("wrote %s\n", out_path.c_str());
   DCPATTN_CUDA_CHECK(cudaStreamDestroy(stream));

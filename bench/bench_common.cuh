@@ -42,6 +42,84 @@ double median_us(Fn&& fn, cudaStream_t stream, int warmup = 10, int reps = 50) {
   return us[us.size() / 2];
 }
 
+/// Median time per call in microseconds of `fn()` (which enqueues capturable work on `stream`)
+/// captured `calls_per_graph` times back to back into one CUDA graph: `warmup` replays, then
+/// `reps` replays timed one by one with events, the median over calls_per_graph. Each timed
+/// replay is enqueued behind an untimed one, so the GPU is busy while the host launches it: no
+/// host launch work is measured (what a graph-captured decode step sees), only the launch gaps
+/// inside the graph. A fn that rotates input sets walks them in order at capture time.
+template <class Fn>
+double median_us_graph(Fn&& fn, cudaStream_t stream, int calls_per_graph, int warmup = 3,
+                       int reps = 20) {
+  cudaGraph_t graph = nullptr;
+  DCPATTN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (int i = 0; i < calls_per_graph; ++i) fn();
+  } catch (...) {
+    (void)cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  DCPATTN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  DCPATTN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < warmup; ++i) DCPATTN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t a, b;
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&a));
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us(static_cast<std::size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    DCPATTN_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // untimed: keeps the GPU ahead of the host
+    DCPATTN_CUDA_CHECK(cudaEventRecord(a, stream));
+    DCPATTN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    DCPATTN_CUDA_CHECK(cudaEventRecord(b, stream));
+    DCPATTN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    DCPATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us[static_cast<std::size_t>(i)] = 1000.0 * ms / calls_per_graph;
+  }
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+/// Median time in microseconds of one call of `fn()` enqueued behind a write of `flush_bytes`
+/// bytes to `flush` (256 MiB in triton.testing.do_bench): the L2 cache holds none of fn's inputs,
+/// and the GPU is busy while the host launches fn, so host launch work is not measured. The
+/// same method as triton.testing.do_bench: events around each call, `reps` calls enqueued back
+/// to back, one synchronization at the end.
+template <class Fn>
+double median_us_flushed(Fn&& fn, cudaStream_t stream, void* flush, std::size_t flush_bytes,
+                         int warmup = 10, int reps = 50) {
+  for (int i = 0; i < warmup; ++i) fn();
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<cudaEvent_t> ev(static_cast<std::size_t>(2 * reps));
+  for (auto& e : ev) DCPATTN_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    DCPATTN_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
+    DCPATTN_CUDA_CHECK(cudaEventRecord(ev[std::size_t(2 * i)], stream));
+    fn();
+    DCPATTN_CUDA_CHECK(cudaEventRecord(ev[std::size_t(2 * i + 1)], stream));
+  }
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+  std::vector<double> us(static_cast<std::size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    DCPATTN_CUDA_CHECK(
+        cudaEventElapsedTime(&ms, ev[std::size_t(2 * i)], ev[std::size_t(2 * i + 1)]));
+    us[static_cast<std::size_t>(i)] = 1000.0 * ms;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 /// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured on a buffer
 /// several times the L2 size: the practical memory ceiling of this GPU.
 inline double measure_copy_bandwidth_gbs(cudaStream_t stream, std::size_t bytes = std::size_t(2) << 30) {

@@ -417,7 +417,8 @@ TEST_CASE("combine_pack_a2a: neutral rows, foreign empty markers, base 2, bitwis
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int n : {1, 2, 4, 8}) {
-    for (std::int64_t t : {1, 7, 300}) {
+    // T = 2100, N >= 2: more than kSpeculativeMaxWarps rows, o read only for live states
+    for (std::int64_t t : {1, 7, 300, 2100}) {
       const std::int64_t hl = t == 7 ? 16 : 2, h = hl * n;
       std::vector<float> o(std::size_t(t * h * kDv)), lse(std::size_t(t * h));
       for (auto& x : o) x = normal(rng);
@@ -492,12 +493,33 @@ TEST_CASE("combine_merge_a2a: NaN o under -inf lse never reaches the output", "[
       }
 }
 
+TEST_CASE("combine_merge_a2a: launches past the speculative-load size give the same results",
+          "[cuda][combine]") {
+  // The cases above launch at most kSpeculativeMaxWarps warps, which load every state's o with
+  // the lse values; larger launches read an o only once its lse says the state is live. 8320
+  // rows (4160 with N = 8, whose fp32 kernels take two warps per row) put every kernel used
+  // here past that size.
+  constexpr std::int64_t kWarps = cuda_kernels::detail::kSpeculativeMaxWarps;
+  std::uint32_t seed = 400;
+  for (int n : {1, 2, 4}) {
+    const std::int64_t t = 520, hl = 16;
+    REQUIRE(t * hl > kWarps);
+    check_merge<bfloat16>(n, t, hl, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
+    check_merge<float>(n, t, hl, DcpMode::fast, PartialDtype::fp32, true, seed++);
+    check_merge<bfloat16>(n, t, hl, DcpMode::fast, PartialDtype::bf16, true, seed++);
+  }
+  REQUIRE(2 * 520 * 8 > kWarps);
+  check_merge<bfloat16>(8, 520, 8, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
+  check_merge<bfloat16>(8, 520, 8, DcpMode::fast, PartialDtype::fp32, true, seed++);
+}
+
 TEST_CASE("combine_rescale_agrs: weights within ulps of the host, exact where trivial",
           "[cuda][combine]") {
   std::mt19937 rng(6);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int n : {1, 2, 4, 8}) {
-    for (std::int64_t t : {1, 7, 300}) {
+    // T = 2100, N >= 2: more than kSpeculativeMaxWarps rows, o read only for live states
+    for (std::int64_t t : {1, 7, 300, 2100}) {
       const std::int64_t hl = t == 7 ? 16 : 2, h = hl * n;
       for (int rank : {0, n - 1}) {
         INFO("N = " << n << ", T = " << t << ", rank " << rank);

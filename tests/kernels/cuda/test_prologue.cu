@@ -25,6 +25,10 @@
 // And the DCP rule of the seed bug: a rank with every slot -1 normalizes every query row, writes
 // nothing to either cache, and resets the top-k rows. Out-of-range slot and position values are
 // skipped (the row behaves as slot -1) without writing out of bounds.
+// Large batches (several rows per warp) are checked the same way, and the rows of a small batch
+// must come out bitwise equal to the same rows inside a large one (the kernel's sums have one
+// fixed order whatever the launch shape). The kernel's float -> bf16 and float -> e4m3
+// conversions are checked against bfloat16::from_float and fp8_e4m3::encode on all 2^32 inputs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -639,6 +643,141 @@ bool contains(const std::string& s, const std::string& sub) { return s.find(sub)
 
 const char* format_name(CacheFormat f) { return f == CacheFormat::bf16 ? "bf16" : "fp8_ds_mla"; }
 
+// ---- the kernel's conversions against the library, on every float ----
+
+/// Counts the inputs u (all 2^32 float bit patterns) where the kernel's pack_bf16x8 or
+/// encode_e4m3x8 differ from bfloat16::from_float or fp8_e4m3::encode, in chunks of 8 holding
+/// f and -f alternately (every position of both halves of each pair), and the same chunk with a
+/// NaN (sign and payload from u) at position u % 8 (the chunk's library path, NaN included).
+__global__ void conversions_vs_library(unsigned long long* mismatches, unsigned* first_bad) {
+  namespace d = dcpattn::cuda_kernels::detail::prologue;
+  const std::uint64_t n = std::uint64_t(1) << 32;
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const std::uint32_t u = std::uint32_t(i);
+    const float f = __uint_as_float(u);
+    unsigned bad = 0;
+    for (int variant = 0; variant < 2; ++variant) {
+      float x[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        x[k] = variant == 1 && k == int(u & 7) ? __uint_as_float((u & 0x803fffffu) | 0x7fc00000u)
+               : (k & 1)                        ? -f
+                                                : f;
+      const uint4 b = d::pack_bf16x8(x);
+      std::uint32_t e[2];
+      d::encode_e4m3x8(x, e);
+      const std::uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        bad += ((bw[k / 2] >> (16 * (k % 2))) & 0xffffu) != bfloat16::from_float(x[k]).bits;
+        bad += ((e[k / 4] >> (8 * (k % 4))) & 0xffu) != dcpattn::fp8_e4m3::encode(x[k]);
+      }
+    }
+    if (bad) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first_bad, u);
+    }
+  }
+}
+
+// ---- batch-size invariance ----
+
+/// The same arguments restricted to their first n rows (same data, same strides).
+template <CacheFormat F>
+Args<F> first_rows(Args<F> a, std::int64_t n) {
+  auto rows2 = [n](auto v) {
+    return dcpattn::make_view(v.data_handle(), {n, std::int64_t(v.extent(1))},
+                              {std::int64_t(v.stride(0)), std::int64_t(v.stride(1))});
+  };
+  auto rows1 = [n](auto v) {
+    return dcpattn::make_view(v.data_handle(), {n}, {std::int64_t(v.stride(0))});
+  };
+  a.q_c = rows2(a.q_c);
+  a.q_c_out = rows2(a.q_c_out);
+  a.kv_c = rows2(a.kv_c);
+  a.k_pe = rows2(a.k_pe);
+  a.positions = rows1(a.positions);
+  a.slot_mapping = rows1(a.slot_mapping);
+  if (a.index_k.data_handle() != nullptr) a.index_k = rows2(a.index_k);
+  if (a.topk_indices.data_handle() != nullptr) a.topk_indices = rows2(a.topk_indices);
+  return a;
+}
+
+/// Runs the first n rows of `pb` alone on the device (outputs reset to the sentinel first) and
+/// counts the bytes of those rows' outputs (query rows, top-k rows, cache entries) that differ
+/// from `whole`, the outputs of the whole batch; and the bytes written outside them.
+void check_first_rows_alone(Problem& pb, const GpuOut& whole, std::int64_t n) {
+  for (Mirror* m : {&pb.q_out_buf(), &pb.kv_cache, &pb.index_cache, &pb.topk})
+    if (!m->host.empty()) CUDA_OK(cudaMemset(m->dev, kSentinel, m->host.size()));
+  if (pb.o.format == CacheFormat::bf16)
+    dcpattn::cuda_kernels::fused_prologue(
+        first_rows<CacheFormat::bf16>(make_args<CacheFormat::bf16>(pb, true), n), nullptr);
+  else
+    dcpattn::cuda_kernels::fused_prologue(
+        first_rows<CacheFormat::fp8_ds_mla>(make_args<CacheFormat::fp8_ds_mla>(pb, true), n),
+        nullptr);
+  CUDA_OK(cudaGetLastError());
+  const GpuOut part = download_outputs(pb);
+
+  std::size_t q_differ = 0, topk_differ = 0, kv_differ = 0, idx_differ = 0, entries = 0;
+  for (std::int64_t t = 0; t < n; ++t)
+    for (int i = 0; i < kQ; ++i)
+      for (int b = 0; b < 2; ++b) {
+        const std::size_t at = std::size_t(pb.p_q_out.index(t, i)) * 2 + std::size_t(b);
+        q_differ += part.q_out[at] != whole.q_out[at];
+      }
+  if (pb.o.topk)
+    for (std::int64_t t = 0; t < n; ++t)
+      for (std::int64_t k = 0; k < pb.o.K; ++k)
+        for (int b = 0; b < 4; ++b) {
+          const std::size_t at = std::size_t(pb.p_topk.index(t, k)) * 4 + std::size_t(b);
+          topk_differ += part.topk[at] != whole.topk[at];
+        }
+  std::vector<char> kv_mask(part.kv_cache.size(), 0), idx_mask(part.index_cache.size(), 0);
+  for (std::int64_t t = 0; t < n; ++t) {
+    if (!pb.writes(t)) continue;
+    ++entries;
+    const std::int64_t slot = pb.slot_values[std::size_t(t)];
+    std::size_t begin = 0, bytes = 0;
+    if (pb.o.format == CacheFormat::bf16)
+      begin = std::size_t(pb.p_cache_bf16.index(slot, 0)) * 2, bytes = dcpattn::kMlaQkDim * 2;
+    else
+      begin = std::size_t(pb.p_cache_bytes.index(slot, 0)), bytes = kEntry;
+    for (std::size_t b = begin; b < begin + bytes; ++b) {
+      kv_differ += part.kv_cache[b] != whole.kv_cache[b];
+      kv_mask[b] = 1;
+    }
+    if (!pb.o.indexer) continue;
+    const std::int64_t ps = pb.o.page_size, page = slot / ps, s = slot % ps;
+    const auto vbase = std::size_t(pb.p_index_cache.index(page, s * kIdx));
+    const auto sbase = std::size_t(pb.p_index_cache.index(page, ps * kIdx + 4 * s));
+    for (std::size_t b = vbase; b < vbase + kIdx; ++b) {
+      idx_differ += part.index_cache[b] != whole.index_cache[b];
+      idx_mask[b] = 1;
+    }
+    for (std::size_t b = sbase; b < sbase + 4; ++b) {
+      idx_differ += part.index_cache[b] != whole.index_cache[b];
+      idx_mask[b] = 1;
+    }
+  }
+  std::size_t touched = 0;
+  for (std::size_t i = 0; i < kv_mask.size(); ++i)
+    touched += !kv_mask[i] && part.kv_cache[i] != kSentinel;
+  for (std::size_t i = 0; i < idx_mask.size(); ++i)
+    touched += !idx_mask[i] && part.index_cache[i] != kSentinel;
+  INFO("first " << n << " rows alone vs inside the batch of " << pb.o.T << ": q_c_out "
+                << q_differ << ", top-k " << topk_differ << ", MLA cache " << kv_differ
+                << ", indexer cache " << idx_differ << " bytes differ (" << entries
+                << " entries); " << touched << " cache bytes written outside them");
+  CHECK(entries > 0);
+  CHECK(q_differ == 0);
+  CHECK(topk_differ == 0);
+  CHECK(kv_differ == 0);
+  CHECK(idx_differ == 0);
+  CHECK(touched == 0);
+}
+
 }  // namespace
 
 TEST_CASE("CUDA prologue matches the host: both cache formats, with and without the indexer",
@@ -847,4 +986,55 @@ TEST_CASE("CUDA prologue refuses bad extents before enqueuing anything, and acce
   CHECK_NOTHROW(dcpattn::cuda_kernels::fused_prologue(empty, nullptr));
   CHECK(non_sentinel(pb.kv_cache.download()) == 0);
   CHECK(non_sentinel(pb.q_out.download()) == 0);
+}
+
+TEST_CASE("CUDA prologue on large batches: several rows per warp, and the rows of a small batch "
+          "give the same bytes as inside a large one",
+          "[kernels][prologue][cuda]") {
+  for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
+    SECTION(std::string("T = 5000, ") + format_name(f)) {
+      Options o;
+      o.T = 5000, o.format = f, o.indexer = f == CacheFormat::fp8_ds_mla, o.index_pages = 100;
+      o.K = f == CacheFormat::fp8_ds_mla ? 2048 : 64;
+      o.seed = std::uint64_t(f == CacheFormat::bf16 ? 71 : 72);
+      Problem pb = make_problem(o);
+      const GpuOut g = run_both(pb);
+      check_all(pb, g);
+      check_first_rows_alone(pb, g, 200);
+    }
+    SECTION(std::string("T = 3000, misaligned views, odd strides, page size 5, K = 7, ") +
+            format_name(f)) {
+      Options o;
+      o.T = 3000, o.format = f, o.misaligned = true, o.page_size = 5, o.index_pages = 500,
+      o.K = 7, o.own_fraction = 0.8, o.seed = 73;
+      Problem pb = make_problem(o);
+      const GpuOut g = run_both(pb);
+      check_all(pb, g);
+      check_first_rows_alone(pb, g, 100);
+    }
+  }
+}
+
+TEST_CASE("CUDA prologue's float -> bf16 and float -> e4m3 conversions equal the library's on "
+          "every input",
+          "[kernels][prologue][cuda]") {
+  unsigned long long* mismatches = nullptr;
+  unsigned* first_bad = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof(unsigned long long)));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&first_bad), sizeof(unsigned)));
+  CUDA_OK(cudaMemset(mismatches, 0, sizeof(unsigned long long)));
+  CUDA_OK(cudaMemset(first_bad, 0xff, sizeof(unsigned)));
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  conversions_vs_library<<<unsigned(8 * sms), 256>>>(mismatches, first_bad);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  unsigned long long n_bad = 0;
+  unsigned bad = 0;
+  CUDA_OK(cudaMemcpy(&n_bad, mismatches, sizeof n_bad, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost));
+  cudaFree(mismatches);
+  cudaFree(first_bad);
+  INFO(n_bad << " float bit patterns convert differently; the first is 0x" << std::hex << bad);
+  CHECK(n_bad == 0);
 }

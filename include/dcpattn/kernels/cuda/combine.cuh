@@ -13,13 +13,28 @@
 // math library's expf/logf and the host libm's. Every CUDA kernel of dcpattn shares the same
 // expf/logf, so device results are bitwise reproducible and DCP-invariant among themselves.
 //
-// Kernel design (memory-bound; one pass over the data): a warp owns one 128-column segment of one
-// (token, head) row, one 4-column group per lane (16-byte fp32 / 8-byte bf16 vectors); Dv = 512
-// is 4 segments. Blocks are 1 warp for small launches (T = 1, H_local = 16 still spreads over 64
-// SMs) and 4 warps from 2048 segments on. LSE merges of a row are computed once per warp with
-// shuffles and reused for all its columns. The o of a state whose weight is zero is never loaded.
+// Kernel design (memory-bound; one pass over the data). The combine kernels (pack, merges, rescale)
+// give each warp one (token, head) row, or one segment of it where the row's states would not fit
+// the registers: every lane holds C vectors of V columns per state, columns lane * V + 32 V c
+// (c < C), so each load instruction of the warp covers 32 V consecutive columns. Vectors are 16
+// bytes (4 fp32, 8 bf16), 8 bytes for bf16 where Dv is not a multiple of 8 or where 16 or 32
+// states must fit. With Dv = 512 a warp moves the whole row for N <= 4 (per state and lane 4
+// fp32 or 2 bf16 vectors) and for the fast merge of more bf16 states, half of it for more fp32
+// states and for the tree of 8 bf16 states, a quarter for a tree of 16 or 32 states. The loads
+// of all the states of a row segment are issued before the first of them is used; the LSE merges
+// of a row are computed once per warp with shuffles. Blocks are 1 warp for small launches (T = 1,
+// H_local = 16 still spreads over several SMs) and 4 warps from 2048 warps on.
 //
-// Every launcher is stream-ordered: no allocation, no host synchronization (CUDA-graph safe).
+// Loads of an empty state's o. A state whose lse is -inf has weight 0: its o never reaches the
+// result (weighted() gives 0 for any o, NaN included). Launches of more than
+// kSpeculativeMaxWarps warps (bandwidth-bound) load an o only after its lse has arrived and only
+// for a state whose lse is not -inf, so an empty state's bytes are not moved; the other resident
+// warps hide that round trip. Smaller launches (latency-bound, about one wave) load every state's
+// o together with the lse values and then drop the empty ones: one dependent memory round trip
+// less per call. Both give the same bits.
+//
+// Every launcher is stream-ordered: no allocation, no host synchronization (CUDA-graph safe), and
+// no CUDA call but the launch itself (grids follow from the problem size; no device query).
 // Argument checks throw dcpattn::Error before anything is enqueued.
 #pragma once
 
@@ -27,6 +42,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <cuda/std/bit>
 #include <cuda_runtime.h>
@@ -46,14 +62,19 @@ namespace detail {
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline constexpr int kWarpSize = 32;
-/// Columns per lane (one 16-byte fp32 vector).
+/// Columns of one fp32 vector (16 bytes); Dv must be a multiple of it.
 inline constexpr int kLaneColumns = 4;
-/// Columns per warp: one segment of a row.
-inline constexpr int kSegmentColumns = kWarpSize * kLaneColumns;
 /// Largest group size of the deterministic (register tree) merge.
 inline constexpr int kMaxTreeStates = 32;
+/// States per batch of the fast merge's largest variant (the one that serves any group size).
+inline constexpr int kMaxSumBatch = 8;
 /// Threads per block of the flat (one element or vector per thread) kernels.
 inline constexpr int kFlatBlock = 128;
+/// Threads per block of the warp-per-row kernels in large launches.
+inline constexpr int kRowBlock = 128;
+/// Launches of at most this many warps load the o of every state speculatively, together with
+/// the lse values (see "Loads of an empty state's o" above); 0 turns speculative loads off.
+inline constexpr std::int64_t kSpeculativeMaxWarps = 8192;
 
 /// A rank-3 strided view reduced to what a kernel needs. `vec`: stride(2) == 1 and the other
 /// strides and the base pointer allow 4-element vector access.
@@ -104,12 +125,24 @@ Strided2<T> strided(const TensorView<T, 2>& v) {
   return {v.data_handle(), v.stride(0), v.stride(1)};
 }
 
-/// Raises the last launch error (a bad configuration), if any.
-inline void check_launch(const char* kernel) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
+/// Enqueues kernel<<<grid, block, 0, stream>>>(args...) and raises its launch error (a bad
+/// configuration), if any. The launch is the only CUDA call: nothing else runs on the host path.
+template <class... Params, class... Args>
+void combine_launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                    cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = nullptr;
+  config.numAttrs = 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // reported here; a later launch must not report it again
     throw Error(std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e),
-                std::string("launch of ") + kernel);
+                std::string("launch of ") + name);
+  }
 }
 
 /// Grid of `warps` warps: 1-warp blocks for small launches, so few rows still spread over many
@@ -119,7 +152,7 @@ struct WarpGrid {
   dim3 block;
 };
 inline WarpGrid warp_grid(std::int64_t warps) {
-  const std::int64_t per_block = warps >= 2048 ? 4 : 1;
+  const std::int64_t per_block = warps >= 2048 ? kRowBlock / kWarpSize : 1;
   return {dim3(unsigned((warps + per_block - 1) / per_block)), dim3(unsigned(per_block * kWarpSize))};
 }
 inline dim3 flat_grid(std::int64_t items) {
@@ -137,49 +170,115 @@ DCPATTN_DEVICE std::int64_t global_thread() {
 struct Vec4 {
   float v[4];
 };
-DCPATTN_DEVICE Vec4 zero4() { return Vec4{{0.0f, 0.0f, 0.0f, 0.0f}}; }
 
-/// Loads 4 consecutive elements (float or bfloat16) starting at p (vector load when aligned).
+/// Loads 4 consecutive fp32 values starting at p (16-byte aligned).
 DCPATTN_DEVICE Vec4 load4_contiguous(const float* p) {
   const float4 x = *reinterpret_cast<const float4*>(p);
   return Vec4{{x.x, x.y, x.z, x.w}};
 }
-DCPATTN_DEVICE Vec4 load4_contiguous(const bfloat16* p) {
-  const uint2 x = *reinterpret_cast<const uint2*>(p);
-  return Vec4{{bfloat16{std::uint16_t(x.x & 0xffffu)}.to_float(),
-               bfloat16{std::uint16_t(x.x >> 16)}.to_float(),
-               bfloat16{std::uint16_t(x.y & 0xffffu)}.to_float(),
-               bfloat16{std::uint16_t(x.y >> 16)}.to_float()}};
+
+/// Two values rounded to bfloat16 (round to nearest even, as bfloat16::from_float), packed.
+DCPATTN_DEVICE std::uint32_t pack_bf16x2(float lo, float hi) {
+  return std::uint32_t(bfloat16::from_float(lo).bits) |
+         (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
 }
-/// Stores 4 values rounded to T at p, contiguous (vector store; p aligned to 4 elements).
-DCPATTN_DEVICE void store4_contiguous(float* p, const Vec4& a) {
-  *reinterpret_cast<float4*>(p) = make_float4(a.v[0], a.v[1], a.v[2], a.v[3]);
+/// The bfloat16 in the low / high half of a word, as fp32 (bfloat16::to_float).
+DCPATTN_DEVICE float bf16_lo(std::uint32_t u) {
+  return __uint_as_float(u << 16);
 }
-DCPATTN_DEVICE void store4_contiguous(bfloat16* p, const Vec4& a) {
-  const std::uint32_t b0 = bfloat16::from_float(a.v[0]).bits, b1 = bfloat16::from_float(a.v[1]).bits;
-  const std::uint32_t b2 = bfloat16::from_float(a.v[2]).bits, b3 = bfloat16::from_float(a.v[3]).bits;
-  *reinterpret_cast<uint2*>(p) = make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
+DCPATTN_DEVICE float bf16_hi(std::uint32_t u) {
+  return __uint_as_float(u & 0xffff0000u);
 }
 
-/// Elements (i0, i1, c .. c + 3) of a strided view.
-template <class T>
-DCPATTN_DEVICE Vec4 load4(const Strided3<const T>& x, std::int64_t i0, std::int64_t i1,
-                          std::int64_t c) {
-  if (x.vec) return load4_contiguous(x.at(i0, i1, c));
-  Vec4 r;
+/// Stores V values rounded to T at p, contiguous: one vector store (p aligned to the vector: 16
+/// bytes, 8 for 4 bf16), two 16-byte stores for 8 fp32 values.
+DCPATTN_DEVICE void store_vec(float* p, const float (&a)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(a[0], a[1], a[2], a[3]);
+}
+DCPATTN_DEVICE void store_vec(float* p, const float (&a)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(a[0], a[1], a[2], a[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(a[4], a[5], a[6], a[7]);
+}
+DCPATTN_DEVICE void store_vec(bfloat16* p, const float (&a)[4]) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]));
+}
+DCPATTN_DEVICE void store_vec(bfloat16* p, const float (&a)[8]) {
+  *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16x2(a[0], a[1]), pack_bf16x2(a[2], a[3]),
+                                            pack_bf16x2(a[4], a[5]), pack_bf16x2(a[6], a[7]));
+}
+
+/// Elements (i0, i1, c .. c + V - 1) of a strided view := a rounded to T (vector stores when the
+/// view's `vec` says the vector fits, element by element otherwise).
+template <class T, int V>
+DCPATTN_DEVICE void store_cols(const Strided3<T>& x, std::int64_t i0, std::int64_t i1,
+                               std::int64_t c, const float (&a)[V]) {
+  if (x.vec) {
+    store_vec(x.at(i0, i1, c), a);
+    return;
+  }
 #pragma unroll
-  for (int k = 0; k < 4; ++k) r.v[k] = to_float(*x.at(i0, i1, c + k));
-  return r;
+  for (int k = 0; k < V; ++k) *x.at(i0, i1, c + k) = from_float<T>(a[k]);
 }
 template <class T>
 DCPATTN_DEVICE void store4(const Strided3<T>& x, std::int64_t i0, std::int64_t i1, std::int64_t c,
                            const Vec4& a) {
+  store_cols<T, 4>(x, i0, i1, c, a.v);
+}
+
+/// V consecutive elements of T as loaded: one 16-byte vector (4 fp32, 8 bf16) or one 8-byte
+/// vector (4 bf16). zero() is the o of an unloaded state (+0 in every column).
+template <class T, int V>
+struct RawVec;
+template <>
+struct RawVec<float, 4> {
+  float4 x;
+  DCPATTN_DEVICE void zero() { x = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+  DCPATTN_DEVICE void load(const float* p) { x = *reinterpret_cast<const float4*>(p); }
+  DCPATTN_DEVICE void unpack(float (&f)[4]) const {
+    f[0] = x.x;
+    f[1] = x.y;
+    f[2] = x.z;
+    f[3] = x.w;
+  }
+};
+template <>
+struct RawVec<bfloat16, 8> {
+  uint4 x;
+  DCPATTN_DEVICE void zero() { x = make_uint4(0u, 0u, 0u, 0u); }
+  DCPATTN_DEVICE void load(const bfloat16* p) { x = *reinterpret_cast<const uint4*>(p); }
+  DCPATTN_DEVICE void unpack(float (&f)[8]) const {
+    f[0] = bf16_lo(x.x);
+    f[1] = bf16_hi(x.x);
+    f[2] = bf16_lo(x.y);
+    f[3] = bf16_hi(x.y);
+    f[4] = bf16_lo(x.z);
+    f[5] = bf16_hi(x.z);
+    f[6] = bf16_lo(x.w);
+    f[7] = bf16_hi(x.w);
+  }
+};
+template <>
+struct RawVec<bfloat16, 4> {
+  uint2 x;
+  DCPATTN_DEVICE void zero() { x = make_uint2(0u, 0u); }
+  DCPATTN_DEVICE void load(const bfloat16* p) { x = *reinterpret_cast<const uint2*>(p); }
+  DCPATTN_DEVICE void unpack(float (&f)[4]) const {
+    f[0] = bf16_lo(x.x);
+    f[1] = bf16_hi(x.x);
+    f[2] = bf16_lo(x.y);
+    f[3] = bf16_hi(x.y);
+  }
+};
+
+/// Loads fp32 elements (i0, i1, c .. c + 3) of a strided view (one 16-byte load when `vec`).
+DCPATTN_DEVICE void load_cols(RawVec<float, 4>& r, const Strided3<const float>& x, std::int64_t i0,
+                              std::int64_t i1, std::int64_t c) {
   if (x.vec) {
-    store4_contiguous(x.at(i0, i1, c), a);
+    r.load(x.at(i0, i1, c));
     return;
   }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) *x.at(i0, i1, c + k) = from_float<T>(a.v[k]);
+  r.x = make_float4(*x.at(i0, i1, c), *x.at(i0, i1, c + 1), *x.at(i0, i1, c + 2),
+                    *x.at(i0, i1, c + 3));
 }
 
 /// weighted(w, o) of dcpattn/core/lse.hpp with an explicitly rounded product.
@@ -192,13 +291,16 @@ DCPATTN_DEVICE float merge_element(float oa, float ob, float wa, float wb) {
   return wb == 0.0f ? ta : (wa == 0.0f ? tb : __fadd_rn(ta, tb));
 }
 
-/// merge_lse_n (dcpattn/core/lse.hpp) evaluated by a whole warp, the same value on every lane:
-/// the maximum (order-free for sanitized inputs), then the exponentials in parallel, summed
-/// sequentially in index order as on the host. Needs all 32 lanes.
-template <class LseAt>
-DCPATTN_DEVICE float warp_merge_lse_n(const LseAt& lse_at, int n, int lane) {
-  float m = lse_neg_inf;
-  for (int r = lane; r < n; r += kWarpSize) {
+/// merge_lse_n (dcpattn/core/lse.hpp) of n values evaluated by a whole warp, the same value on
+/// every lane, with the same operations: the maximum (order-free for sanitized inputs), the
+/// exponentials in parallel, summed sequentially in index order, then m + log(sum). my_lse: value
+/// `lane` (-inf for lane >= n), already loaded; values from 32 on are read with lse_at. The first
+/// kUnroll terms of each group of 32 are summed unrolled (their shuffles independent of the sum);
+/// a term beyond n is +0 and leaves the sum (>= +0) bit-identical. Needs all 32 lanes.
+template <int kUnroll, class LseAt>
+DCPATTN_DEVICE float warp_lse_total(const LseAt& lse_at, float my_lse, int n, int lane) {
+  float m = my_lse;
+  for (int r = lane + kWarpSize; r < n; r += kWarpSize) {
     const float x = lse_at(r);
     m = x > m ? x : m;
   }
@@ -209,13 +311,18 @@ DCPATTN_DEVICE float warp_merge_lse_n(const LseAt& lse_at, int n, int lane) {
   }
   if (m == lse_neg_inf) return lse_neg_inf;
   float sum = 0.0f;
-  for (int c0 = 0; c0 < n; c0 += kWarpSize) {
-    const int r = c0 + lane;
-    const float e = r < n ? cuda::std::exp(lse_at(r) - m) : 0.0f;
-    const int count = n - c0 < kWarpSize ? n - c0 : kWarpSize;
-    for (int j = 0; j < count; ++j) sum = __fadd_rn(sum, __shfl_sync(kFullMask, e, j));
+  for (int g0 = 0; g0 < n; g0 += kWarpSize) {
+    const int r = g0 + lane;
+    const float x = g0 == 0 ? my_lse : (r < n ? lse_at(r) : lse_neg_inf);
+    const float e = r < n ? cuda::std::exp(::dcpattn::detail::sub_rn(x, m)) : 0.0f;
+    const int count = n - g0 < kWarpSize ? n - g0 : kWarpSize;
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j)
+      sum = ::dcpattn::detail::add_rn(sum, __shfl_sync(kFullMask, e, j));
+    for (int j = kUnroll; j < count; ++j)
+      sum = ::dcpattn::detail::add_rn(sum, __shfl_sync(kFullMask, e, j));
   }
-  return m + cuda::std::log(sum);
+  return ::dcpattn::detail::add_rn(m, cuda::std::log(sum));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,69 +387,133 @@ __global__ void convert_rows_scalar_kernel(const float* __restrict__ src, Stride
   *out.at(a, b, c) = from_float<OutT>(src[i]);
 }
 
-/// Arguments shared by the warp-per-segment combine kernels.
-struct SegmentGrid {
-  std::int64_t rows;   ///< (token, head) rows covered
-  int segments;        ///< segments per row: ceil(dv / 128)
-  int dv;
-  std::int64_t total;  ///< rows * segments = warps
+/// The row and segment of the calling warp in a warp-per-row kernel (`segments` warps per row).
+struct WarpRow {
+  std::int64_t row;
+  int seg;
+  int lane;
 };
-
-/// combine_pack_a2a: one warp per (t, h, segment) of the local partial (all H heads).
-template <class Base, class PartT>
-__global__ void pack_a2a_kernel(Strided3<const float> o, Strided2<const float> lse,
-                                int num_valid_rows, int heads, int heads_local, SegmentGrid g,
-                                std::byte* __restrict__ send, std::size_t chunk_bytes,
-                                std::size_t lse_offset) {
-  const std::int64_t w = global_warp();
-  if (w >= g.total) return;
+DCPATTN_DEVICE WarpRow warp_row(std::int64_t w, int segments) {
   const int lane = int(threadIdx.x % kWarpSize);
-  const std::int64_t row = w / g.segments;
-  const int seg = int(w % g.segments);
-  const std::int64_t t = row / heads;
-  const int h = int(row % heads);
-  const int d = h / heads_local, hh = h % heads_local;
+  if (segments == 1) return {w, 0, lane};
+  return {w / segments, int(w % segments), lane};
+}
+
+/// combine_pack_a2a: one warp per (t, h) row of the local partial (all H heads), or per 512-column
+/// segment of it; lane columns seg * 512 + lane * 4 + 128 c.
+template <class Base, class PartT, bool kSpeculative>
+__global__ void __launch_bounds__(kRowBlock)
+    pack_a2a_kernel(Strided3<const float> o, Strided2<const float> lse, int num_valid_rows,
+                    int heads, int heads_local, int dv, int segments, std::int64_t warps,
+                    std::byte* __restrict__ send, std::size_t chunk_bytes, std::size_t lse_offset) {
+  constexpr int V = kLaneColumns, C = 4;
+  const std::int64_t w = global_warp();
+  if (w >= warps) return;
+  const WarpRow wr = warp_row(w, segments);
+  const std::int64_t t = wr.row / heads;
+  const int h = int(wr.row % heads);
+  const std::int64_t col0 = std::int64_t(wr.seg) * (C * kWarpSize * V) + wr.lane * V;
+  RawVec<float, V> v[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) v[c].zero();
+  if constexpr (kSpeculative) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
+  }
   const float l = t < num_valid_rows ? sanitize_lse(lse(t, h), Base{}) : lse_neg_inf;
+  if constexpr (!kSpeculative) {
+    // An empty state travels as o = 0; its o (padding garbage, an empty row's NaN) is not read.
+    if (l != lse_neg_inf) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
+    }
+  }
+  const int d = h / heads_local, hh = h % heads_local;
   std::byte* chunk = send + std::size_t(d) * chunk_bytes;
   const std::int64_t out_row = t * heads_local + hh;
-  if (seg == 0 && lane == 0) reinterpret_cast<float*>(chunk + lse_offset)[out_row] = l;
-  const std::int64_t col = std::int64_t(seg) * kSegmentColumns + lane * kLaneColumns;
-  if (col >= g.dv) return;
-  // An empty state travels as o = 0; its o (padding garbage, an empty row's NaN) is not read.
-  const Vec4 v = l == lse_neg_inf ? zero4() : load4(o, t, h, col);
-  store4_contiguous(reinterpret_cast<PartT*>(chunk) + out_row * g.dv + col, v);
+  if (wr.seg == 0 && wr.lane == 0) reinterpret_cast<float*>(chunk + lse_offset)[out_row] = l;
+  PartT* dst = reinterpret_cast<PartT*>(chunk) + out_row * dv;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const std::int64_t col = col0 + c * kWarpSize * V;
+    if (col >= dv) continue;
+    float f[V];
+    v[c].unpack(f);
+#pragma unroll
+    for (int k = 0; k < V; ++k) f[k] = l == lse_neg_inf ? 0.0f : f[k];  // neutral: o = +0
+    store_vec(dst + col, f);
+  }
 }
 
-/// Loads rank r's o of (row, col) from the received chunks.
-template <class PartT>
-DCPATTN_DEVICE Vec4 load_state(const std::byte* recv, std::size_t chunk_bytes, int r,
-                               std::int64_t row, int dv, std::int64_t col) {
-  return load4_contiguous(reinterpret_cast<const PartT*>(recv + std::size_t(r) * chunk_bytes) +
-                          row * dv + col);
-}
-DCPATTN_DEVICE float load_state_lse(const std::byte* recv, std::size_t chunk_bytes,
-                                    std::size_t lse_offset, int r, std::int64_t row) {
-  return reinterpret_cast<const float*>(recv + std::size_t(r) * chunk_bytes + lse_offset)[row];
+/// What the merge kernels read: N received chunks, each (T, H_local, Dv) o of PartT then
+/// (T, H_local) fp32 lse at lse_offset; one warp per row (t, h_local), or per segment of it.
+struct MergeArgs {
+  const std::byte* recv;
+  std::size_t chunk_bytes;
+  std::size_t lse_offset;
+  int n;
+  int heads_local;
+  int dv;
+  int segments;        ///< warps per row
+  std::int64_t warps;  ///< rows * segments
+};
+
+DCPATTN_DEVICE float load_state_lse(const MergeArgs& a, int r, std::int64_t row) {
+  return reinterpret_cast<const float*>(a.recv + std::size_t(r) * a.chunk_bytes +
+                                        a.lse_offset)[row];
 }
 
-/// Deterministic combine_merge_a2a for n <= MaxN states (n a power of two): tree_merge over the
-/// rank index, one warp per (t, h_local, segment). Lane v computes the lse merges of state v
-/// (level by level, highest bit first) and keeps their weights; every lane then replays the tree
-/// on its 4 columns with the weights broadcast by shuffles.
-template <class OutT, class PartT, int MaxN>
-__global__ void merge_a2a_tree_kernel(const std::byte* __restrict__ recv, std::size_t chunk_bytes,
-                                      std::size_t lse_offset, int n, int heads_local,
-                                      SegmentGrid g, Strided3<OutT> out, Strided2<float> out_lse) {
-  static_assert(MaxN >= 2 && MaxN <= kMaxTreeStates && (MaxN & (MaxN - 1)) == 0);
-  constexpr int kLevels = int(cuda::std::bit_width(unsigned(MaxN))) - 1;
+/// Loads the o of states first .. first + count - 1 (count <= K) of `row` into raw[0 .. count - 1],
+/// lane columns col0 + 32 V c; every other vector is zero. Speculative: every one of these states
+/// at once. Otherwise only those whose lse (lane lse_lane0 + j of group_lse holds state
+/// first + j's) is not -inf, once that lse has arrived. All loads are issued before any is used.
+template <bool kSpeculative, class PartT, int V, int K, int C>
+DCPATTN_DEVICE void load_states(RawVec<PartT, V> (&raw)[K][C], const MergeArgs& a, std::int64_t row,
+                                std::int64_t col0, int first, int count, float group_lse,
+                                int lse_lane0) {
+  // bit i: lane i's lse is not -inf (speculative: every state counts as live)
+  unsigned live_lanes = kFullMask;
+  if constexpr (!kSpeculative) live_lanes = __ballot_sync(kFullMask, group_lse != lse_neg_inf);
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    const bool live = j < count && ((live_lanes >> (lse_lane0 + j)) & 1u) != 0;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      raw[j][c].zero();
+      const std::int64_t col = col0 + c * kWarpSize * V;
+      if (live && col < a.dv)
+        raw[j][c].load(
+            reinterpret_cast<const PartT*>(a.recv + std::size_t(first + j) * a.chunk_bytes) +
+            row * a.dv + col);
+    }
+  }
+}
+
+/// Deterministic combine_merge_a2a for n <= S states (n a power of two; the launcher picks
+/// S = n, or S = 2 for n = 1): tree_merge over the rank index, one warp per row segment of
+/// C * 32 * V columns. Lane v computes the lse merges of state v (level by level, highest bit
+/// first) and keeps their weights; every lane then replays the tree on its columns with the
+/// weights broadcast by shuffles: the operations and their order of merge_state_into.
+template <class OutT, class PartT, int V, int S, int C, bool kSpeculative>
+__global__ void __launch_bounds__(kRowBlock)
+    merge_tree_kernel(MergeArgs a, Strided3<OutT> out, Strided2<float> out_lse) {
+  static_assert(S >= 2 && S <= kMaxTreeStates && (S & (S - 1)) == 0);
+  constexpr int kLevels = int(cuda::std::bit_width(unsigned(S))) - 1;
   const std::int64_t w = global_warp();
-  if (w >= g.total) return;  // whole warps only: the shuffles below need all 32 lanes
-  const int lane = int(threadIdx.x % kWarpSize);
-  const std::int64_t row = w / g.segments;
-  const int seg = int(w % g.segments);
+  if (w >= a.warps) return;  // whole warps only: the shuffles below need all 32 lanes
+  const WarpRow wr = warp_row(w, a.segments);
+  const int lane = wr.lane, n = a.n;
+  const std::int64_t row = wr.row;
 
-  const float my_lse =
-      lane < n ? load_state_lse(recv, chunk_bytes, lse_offset, lane, row) : lse_neg_inf;
+  const float my_lse = lane < n ? load_state_lse(a, lane, row) : lse_neg_inf;
+  const std::int64_t col0 = std::int64_t(wr.seg) * (C * kWarpSize * V) + lane * V;
+  RawVec<PartT, V> raw[S][C];
+  // Not speculative: an empty state's o is never read (the tree gives it weight 0 at every
+  // level); speculative: it is read and dropped the same way.
+  load_states<kSpeculative>(raw, a, row, col0, 0, n, my_lse, 0);
+
   float wa[kLevels], wb[kLevels];
   float cur = my_lse;
 #pragma unroll
@@ -362,17 +533,11 @@ __global__ void merge_a2a_tree_kernel(const std::byte* __restrict__ recv, std::s
   }
   const float merged = __shfl_sync(kFullMask, cur, 0);
 
-  const std::int64_t col = std::int64_t(seg) * kSegmentColumns + lane * kLaneColumns;
-  const bool active = col < g.dv;
-  Vec4 s[MaxN];
+  float s[S][C][V];
 #pragma unroll
-  for (int r = 0; r < MaxN; ++r) {
-    const float lr = __shfl_sync(kFullMask, my_lse, r);
-    s[r] = zero4();
-    // An empty state's o is never read: the tree gives it weight 0 at every level.
-    if (r < n && active && lr != lse_neg_inf)
-      s[r] = load_state<PartT>(recv, chunk_bytes, r, row, g.dv, col);
-  }
+  for (int j = 0; j < S; ++j)
+#pragma unroll
+    for (int c = 0; c < C; ++c) raw[j][c].unpack(s[j][c]);
   // Constant trip counts everywhere, so the loops unroll fully and s[], wa[], wb[] stay in
   // registers.
 #pragma unroll
@@ -380,134 +545,204 @@ __global__ void merge_a2a_tree_kernel(const std::byte* __restrict__ recv, std::s
     const int half = 1 << li;
     if (half < n) {
 #pragma unroll
-      for (int v = 0; v < MaxN / 2; ++v) {
+      for (int v = 0; v < S / 2; ++v) {
         if (v < half) {
-          const float a = __shfl_sync(kFullMask, wa[li], v);
-          const float b = __shfl_sync(kFullMask, wb[li], v);
+          const float ca = __shfl_sync(kFullMask, wa[li], v);
+          const float cb = __shfl_sync(kFullMask, wb[li], v);
 #pragma unroll
-          for (int k = 0; k < 4; ++k)
-            s[v].v[k] = merge_element(s[v].v[k], s[v + half].v[k], a, b);
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int k = 0; k < V; ++k)
+              s[v][c][k] = merge_element(s[v][c][k], s[v + half][c][k], ca, cb);
         }
       }
     }
   }
-  const std::int64_t t = row / heads_local;
-  const int hh = int(row % heads_local);
-  if (active) store4(out, t, hh, col, s[0]);
-  if (out_lse.ptr != nullptr && seg == 0 && lane == 0) out_lse(t, hh) = merged;
+  // n = 1: the one state passes through unchanged, the neutral o = +0 when it is empty (a
+  // speculatively loaded o is dropped here). For n >= 2 the tree already gives +0 then.
+  if (n == 1 && merged == lse_neg_inf) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+#pragma unroll
+      for (int k = 0; k < V; ++k) s[0][c][k] = 0.0f;
+  }
+  const std::int64_t t = row / a.heads_local;
+  const int hh = int(row % a.heads_local);
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const std::int64_t col = col0 + c * kWarpSize * V;
+    if (col < a.dv) store_cols<OutT, V>(out, t, hh, col, s[0][c]);
+  }
+  if (out_lse.ptr != nullptr && wr.seg == 0 && lane == 0) out_lse(t, hh) = merged;
 }
 
-/// Deterministic n = 1: the output is the one received state, rounded to OutT (0 when empty).
-/// (Fast mode with n = 1 runs the general kernel: its 0 + 1 * o turns o = -0 into +0, as the
-/// host does.)
-template <class OutT, class PartT>
-__global__ void merge_a2a_single_kernel(const std::byte* __restrict__ recv, std::size_t lse_offset,
-                                        int heads_local, SegmentGrid g, Strided3<OutT> out,
-                                        Strided2<float> out_lse) {
-  const std::int64_t w = global_warp();
-  if (w >= g.total) return;
-  const int lane = int(threadIdx.x % kWarpSize);
-  const std::int64_t row = w / g.segments;
-  const int seg = int(w % g.segments);
-  const float l = load_state_lse(recv, 0, lse_offset, 0, row);
-  const std::int64_t t = row / heads_local;
-  const int hh = int(row % heads_local);
-  if (out_lse.ptr != nullptr && seg == 0 && lane == 0) out_lse(t, hh) = l;
-  const std::int64_t col = std::int64_t(seg) * kSegmentColumns + lane * kLaneColumns;
-  if (col >= g.dv) return;
-  store4(out, t, hh, col, l == lse_neg_inf ? zero4() : load_state<PartT>(recv, 0, 0, row, g.dv, col));
-}
-
-/// Fast-mode combine_merge_a2a, any n: one N-way log-sum-exp per row, then the weighted sum over
-/// the states in rank order (as the host), 8 state loads in flight per lane.
-template <class OutT, class PartT>
-__global__ void merge_a2a_sum_kernel(const std::byte* __restrict__ recv, std::size_t chunk_bytes,
-                                     std::size_t lse_offset, int n, int heads_local, SegmentGrid g,
-                                     Strided3<OutT> out, Strided2<float> out_lse) {
-  constexpr int kBatch = 8;
-  const std::int64_t w = global_warp();
-  if (w >= g.total) return;  // whole warps only
-  const int lane = int(threadIdx.x % kWarpSize);
-  const std::int64_t row = w / g.segments;
-  const int seg = int(w % g.segments);
-  auto lse_at = [&](int r) { return load_state_lse(recv, chunk_bytes, lse_offset, r, row); };
-  const float merged = warp_merge_lse_n(lse_at, n, lane);
-
-  const std::int64_t col = std::int64_t(seg) * kSegmentColumns + lane * kLaneColumns;
-  const bool active = col < g.dv;
-  Vec4 acc = zero4();
-  for (int c0 = 0; c0 < n; c0 += kWarpSize) {
-    const int count = n - c0 < kWarpSize ? n - c0 : kWarpSize;
-    const float my_w = lane < count ? merge_weight(lse_at(c0 + lane), merged) : 0.0f;
-    for (int j0 = 0; j0 < count; j0 += kBatch) {
-      Vec4 v[kBatch];
-      float wv[kBatch];
+/// acc += weighted(w_j, o_j) for the loaded states j < count in index order, explicitly rounded
+/// (the fast merge's sum); lane lane0 + j of `weights` holds w_j.
+template <class PartT, int V, int K, int C>
+DCPATTN_DEVICE void accumulate_states(float (&acc)[C][V], const RawVec<PartT, V> (&raw)[K][C],
+                                      float weights, int lane0, int count) {
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        wv[j] = __shfl_sync(kFullMask, my_w, j0 + j);  // j0 + j < 32
-        v[j] = zero4();
-        if (j0 + j < count && active && wv[j] != 0.0f)
-          v[j] = load_state<PartT>(recv, chunk_bytes, c0 + j0 + j, row, g.dv, col);
-      }
+  for (int j = 0; j < K; ++j) {
+    const float wj = __shfl_sync(kFullMask, weights, lane0 + j);
+    if (j < count) {
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (j0 + j < count) {
+      for (int c = 0; c < C; ++c) {
+        float f[V];
+        raw[j][c].unpack(f);
 #pragma unroll
-          for (int k = 0; k < 4; ++k) acc.v[k] = __fadd_rn(acc.v[k], weighted_rn(wv[j], v[j].v[k]));
-        }
+        for (int k = 0; k < V; ++k) acc[c][k] = __fadd_rn(acc[c][k], weighted_rn(wj, f[k]));
       }
     }
   }
-  const std::int64_t t = row / heads_local;
-  const int hh = int(row % heads_local);
-  if (active) store4(out, t, hh, col, acc);
-  if (out_lse.ptr != nullptr && seg == 0 && lane == 0) out_lse(t, hh) = merged;
 }
 
-/// combine_rescale_agrs: one warp per (t, h, segment) of all H heads. (A template only so that
-/// the header can be included by several translation units.)
-template <int Unused = 0>
-__global__ void rescale_agrs_kernel(Strided3<const float> o, const float* __restrict__ lse_all,
-                                    int rank, int n, int heads, int heads_local, std::int64_t tokens,
-                                    SegmentGrid g, float* __restrict__ packed, bool packed_vec,
-                                    Strided2<float> out_lse) {
+/// Fast-mode combine_merge_a2a: one N-way log-sum-exp per row, then the weighted sum over the
+/// states in rank order (as the host), in batches of B states whose loads are all issued before
+/// the first is used (n <= B: every load of the row segment at once, with the lse loads when
+/// speculative). B < kMaxSumBatch serves n <= B; B = kMaxSumBatch any n.
+template <class OutT, class PartT, int V, int B, int C, bool kSpeculative>
+__global__ void __launch_bounds__(kRowBlock)
+    merge_sum_kernel(MergeArgs a, Strided3<OutT> out, Strided2<float> out_lse) {
+  static_assert(B >= 1 && B <= kMaxSumBatch && kWarpSize % B == 0);
   const std::int64_t w = global_warp();
-  if (w >= g.total) return;  // whole warps only
-  const int lane = int(threadIdx.x % kWarpSize);
-  const std::int64_t row = w / g.segments;  // t * heads + h
-  const int seg = int(w % g.segments);
+  if (w >= a.warps) return;  // whole warps only
+  const WarpRow wr = warp_row(w, a.segments);
+  const int lane = wr.lane, n = a.n;
+  const std::int64_t row = wr.row;
+  auto lse_at = [&](int r) { return load_state_lse(a, r, row); };
+
+  const float my_lse = lane < n ? lse_at(lane) : lse_neg_inf;
+  const std::int64_t col0 = std::int64_t(wr.seg) * (C * kWarpSize * V) + lane * V;
+  RawVec<PartT, V> raw[B][C];
+  const int first = n < B ? n : B;
+  load_states<kSpeculative>(raw, a, row, col0, 0, first, my_lse, 0);
+  const float merged = warp_lse_total<B>(lse_at, my_lse, n, lane);
+
+  float acc[C][V];
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[c][k] = 0.0f;
+  accumulate_states(acc, raw, merge_weight(my_lse, merged), 0, first);
+  if constexpr (B == kMaxSumBatch) {
+    // States B .. n - 1, B at a time (more than kMaxSumBatch states: rare).
+    for (int s0 = B; s0 < n; s0 += B) {
+      const int g0 = s0 / kWarpSize * kWarpSize;  // lane j of this group holds state g0 + j
+      const float lse_g = g0 + lane < n ? lse_at(g0 + lane) : lse_neg_inf;
+      const int in_batch = n - s0 < B ? n - s0 : B;
+      load_states<kSpeculative>(raw, a, row, col0, s0, in_batch, lse_g, s0 - g0);
+      accumulate_states(acc, raw, merge_weight(lse_g, merged), s0 - g0, in_batch);
+    }
+  }
+  const std::int64_t t = row / a.heads_local;
+  const int hh = int(row % a.heads_local);
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const std::int64_t col = col0 + c * kWarpSize * V;
+    if (col < a.dv) store_cols<OutT, V>(out, t, hh, col, acc[c]);
+  }
+  if (out_lse.ptr != nullptr && wr.seg == 0 && lane == 0) out_lse(t, hh) = merged;
+}
+
+/// combine_rescale_agrs: one warp per (t, h) row of all H heads, or per 512-column segment of it;
+/// lane columns seg * 512 + lane * 4 + 128 c. One pass: o read once, packed written once.
+template <bool kSpeculative>
+__global__ void __launch_bounds__(kRowBlock)
+    rescale_agrs_kernel(Strided3<const float> o, const float* __restrict__ lse_all, int rank, int n,
+                        int heads, int heads_local, std::int64_t tokens, int dv, int segments,
+                        std::int64_t warps, float* __restrict__ packed, bool packed_vec,
+                        Strided2<float> out_lse) {
+  constexpr int V = kLaneColumns, C = 4;
+  const std::int64_t w = global_warp();
+  if (w >= warps) return;  // whole warps only
+  const WarpRow wr = warp_row(w, segments);
+  const std::int64_t row = wr.row;  // t * heads + h
   const std::int64_t plane = tokens * heads;
   auto lse_at = [&](int r) { return lse_all[std::int64_t(r) * plane + row]; };
-  const float total = warp_merge_lse_n(lse_at, n, lane);
-  const float wt = merge_weight(lse_at(rank), total);
   const std::int64_t t = row / heads;
   const int h = int(row % heads);
-  const int d = h / heads_local, hh = h % heads_local;
-  if (d == rank && out_lse.ptr != nullptr && seg == 0 && lane == 0) out_lse(t, hh) = total;
-  const std::int64_t col = std::int64_t(seg) * kSegmentColumns + lane * kLaneColumns;
-  if (col >= g.dv) return;
-  Vec4 v = zero4();  // weight 0: o is not read
-  if (wt != 0.0f) {
-    v = load4(o, t, h, col);
+  const std::int64_t col0 = std::int64_t(wr.seg) * (C * kWarpSize * V) + wr.lane * V;
+  RawVec<float, V> v[C];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v.v[k] = weighted_rn(wt, v.v[k]);
+  for (int c = 0; c < C; ++c) v[c].zero();
+  if constexpr (kSpeculative) {
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
   }
-  float* dst = packed + ((std::int64_t(d) * tokens + t) * heads_local + hh) * g.dv + col;
-  if (packed_vec) {
-    store4_contiguous(dst, v);
-  } else {
+  const float mine = lse_at(rank);
+  const float my_lse = wr.lane < n ? lse_at(wr.lane) : lse_neg_inf;
+  if constexpr (!kSpeculative) {
+    if (mine != lse_neg_inf) {  // weight 0: o is not read
 #pragma unroll
-    for (int k = 0; k < 4; ++k) dst[k] = v.v[k];
+      for (int c = 0; c < C; ++c)
+        if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
+    }
+  }
+  const float total = warp_lse_total<8>(lse_at, my_lse, n, wr.lane);
+  const float wt = merge_weight(mine, total);
+  const int d = h / heads_local, hh = h % heads_local;
+  if (d == rank && out_lse.ptr != nullptr && wr.seg == 0 && wr.lane == 0) out_lse(t, hh) = total;
+  float* dst = packed + ((std::int64_t(d) * tokens + t) * heads_local + hh) * dv;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const std::int64_t col = col0 + c * kWarpSize * V;
+    if (col >= dv) continue;
+    float f[V];
+    v[c].unpack(f);
+#pragma unroll
+    for (int k = 0; k < V; ++k) f[k] = weighted_rn(wt, f[k]);
+    if (packed_vec) {
+      store_vec(dst + col, f);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) dst[col + k] = f[k];
+    }
   }
 }
 
-inline SegmentGrid segment_grid(std::int64_t rows, std::int64_t dv) {
-  SegmentGrid g{};
-  g.rows = rows;
-  g.dv = int(dv);
-  g.segments = int((dv + kSegmentColumns - 1) / kSegmentColumns);
-  g.total = rows * g.segments;
-  return g;
+/// Segments per row of a warp-per-row kernel whose warps cover `cols` columns.
+inline int row_segments(std::int64_t dv, int cols) {
+  return int((dv + cols - 1) / cols);
+}
+
+/// Launches merge kernel K<kSpeculative> (columns per warp: C * 32 * V) over out's rows: the
+/// speculative variant for launches of at most kSpeculativeMaxWarps warps.
+template <int V, int C, class OutT, class KSpec, class KPlain>
+void launch_merge_kernel(const char* name, KSpec spec, KPlain plain, const std::byte* recv, int n,
+                         const ::dcpattn::detail::A2aChunkLayout& layout,
+                         const TensorView<OutT, 3>& out, const TensorView<float, 2>& out_lse,
+                         cudaStream_t stream) {
+  const std::int64_t rows = out.extent(0) * out.extent(1);
+  const int segments = row_segments(out.extent(2), C * kWarpSize * V);
+  const MergeArgs args{recv,     layout.bytes,       layout.lse_offset,
+                       n,        int(out.extent(1)), int(out.extent(2)),
+                       segments, rows * segments};
+  Strided3<OutT> o = strided(out);
+  // bf16 output: one V-element vector; fp32 output: 16-byte vectors (two of them for V = 8)
+  o.vec = vectorizable(out, sizeof(OutT) == 2 ? V : kLaneColumns);
+  const WarpGrid g = warp_grid(args.warps);
+  if (args.warps <= kSpeculativeMaxWarps)
+    combine_launch(name, spec, g.grid, g.block, stream, args, o, strided(out_lse));
+  else
+    combine_launch(name, plain, g.grid, g.block, stream, args, o, strided(out_lse));
+}
+template <class OutT, class PartT, int V, int S, int C>
+void launch_merge_tree(const std::byte* recv, int n,
+                       const ::dcpattn::detail::A2aChunkLayout& layout,
+                       const TensorView<OutT, 3>& out, const TensorView<float, 2>& out_lse,
+                       cudaStream_t stream) {
+  launch_merge_kernel<V, C>("merge_tree_kernel", merge_tree_kernel<OutT, PartT, V, S, C, true>,
+                            merge_tree_kernel<OutT, PartT, V, S, C, false>, recv, n, layout, out,
+                            out_lse, stream);
+}
+template <class OutT, class PartT, int V, int B, int C>
+void launch_merge_sum(const std::byte* recv, int n, const ::dcpattn::detail::A2aChunkLayout& layout,
+                      const TensorView<OutT, 3>& out, const TensorView<float, 2>& out_lse,
+                      cudaStream_t stream) {
+  launch_merge_kernel<V, C>("merge_sum_kernel", merge_sum_kernel<OutT, PartT, V, B, C, true>,
+                            merge_sum_kernel<OutT, PartT, V, B, C, false>, recv, n, layout, out,
+                            out_lse, stream);
 }
 
 inline void require_dv(std::int64_t dv, const char* step) {
@@ -539,15 +774,14 @@ void pack(TensorView<const T, 3> src, T* dst, cudaStream_t stream) {
                                     false};
   if constexpr (16 % sizeof(T) == 0 && kV > 1) {
     if (detail::vectorizable(src, kV) && detail::aligned_to(dst, 16)) {
-      detail::pack_kernel<T, kV><<<detail::flat_grid(total / kV), detail::kFlatBlock, 0, stream>>>(
-          s, dst, e1, e2, total / kV);
-      detail::check_launch("pack_kernel");
+      detail::combine_launch("pack_kernel", detail::pack_kernel<T, kV>,
+                             detail::flat_grid(total / kV), dim3(detail::kFlatBlock), stream, s,
+                             dst, e1, e2, total / kV);
       return;
     }
   }
-  detail::pack_kernel<T, 1><<<detail::flat_grid(total), detail::kFlatBlock, 0, stream>>>(s, dst, e1,
-                                                                                      e2, total);
-  detail::check_launch("pack_kernel");
+  detail::combine_launch("pack_kernel", detail::pack_kernel<T, 1>, detail::flat_grid(total),
+                         dim3(detail::kFlatBlock), stream, s, dst, e1, e2, total);
 }
 
 /// out (T) = own.local_length(bound[t], rank) for t < num_valid_rows, 0 for padding rows (whose
@@ -560,9 +794,9 @@ void row_local_lengths(const Ownership& own, int rank, TensorView<const std::int
                 "dcpattn: an ownership policy must be trivially copyable to reach a kernel");
   const std::int64_t rows = bound.extent(0);
   if (rows == 0) return;
-  detail::row_local_lengths_kernel<<<detail::flat_grid(rows), detail::kFlatBlock, 0, stream>>>(
-      own, rank, bound.data_handle(), bound.stride(0), num_valid_rows, out, rows);
-  detail::check_launch("row_local_lengths_kernel");
+  detail::combine_launch("row_local_lengths_kernel", detail::row_local_lengths_kernel<Ownership>,
+                         detail::flat_grid(rows), dim3(detail::kFlatBlock), stream, own, rank,
+                         bound.data_handle(), bound.stride(0), num_valid_rows, out, rows);
 }
 
 /// dst (T, H) contiguous = sanitize_lse(lse(t, h), Base) for t < num_valid_rows, -inf on padding.
@@ -572,9 +806,10 @@ void sanitize_lse_rows(TensorView<const float, 2> lse, int num_valid_rows, float
                        cudaStream_t stream) {
   const std::int64_t total = lse.extent(0) * lse.extent(1);
   if (total == 0) return;
-  detail::sanitize_lse_rows_kernel<Base><<<detail::flat_grid(total), detail::kFlatBlock, 0, stream>>>(
-      detail::strided(lse), lse.extent(1), num_valid_rows, dst, total);
-  detail::check_launch("sanitize_lse_rows_kernel");
+  detail::combine_launch("sanitize_lse_rows_kernel", detail::sanitize_lse_rows_kernel<Base>,
+                         detail::flat_grid(total), dim3(detail::kFlatBlock), stream,
+                         detail::strided(lse), std::int64_t(lse.extent(1)), num_valid_rows, dst,
+                         total);
 }
 
 /// out (T, H_local, Dv) = src (T, H_local, Dv) contiguous fp32 rounded to OutT (float or
@@ -587,19 +822,21 @@ void convert_rows(const float* src, TensorView<OutT, 3> out, cudaStream_t stream
   const detail::Strided3<OutT> o = detail::strided(out);
   if (e2 % detail::kLaneColumns == 0 && detail::aligned_to(src, 16)) {
     const std::int64_t vectors = total / detail::kLaneColumns;
-    detail::convert_rows_kernel<OutT><<<detail::flat_grid(vectors), detail::kFlatBlock, 0, stream>>>(
-        src, o, e1, e2, vectors);
+    detail::combine_launch("convert_rows_kernel", detail::convert_rows_kernel<OutT>,
+                           detail::flat_grid(vectors), dim3(detail::kFlatBlock), stream, src, o, e1,
+                           e2, vectors);
   } else {
-    detail::convert_rows_scalar_kernel<OutT>
-        <<<detail::flat_grid(total), detail::kFlatBlock, 0, stream>>>(src, o, e1, e2, total);
+    detail::combine_launch("convert_rows_scalar_kernel", detail::convert_rows_scalar_kernel<OutT>,
+                           detail::flat_grid(total), dim3(detail::kFlatBlock), stream, src, o, e1,
+                           e2, total);
   }
-  detail::check_launch("convert_rows_kernel");
 }
 
 /// Packs the local partial state for the all-to-all, as host::combine_pack_a2a: o (T, H, Dv) fp32,
 /// lse (T, H) in base Base. Rows t >= num_valid_rows and states whose lse is -inf, +inf or NaN go
-/// out as the neutral element (o = 0, lse = -inf) without their o being read. send: group_size
-/// chunks of layout.bytes, 16-byte aligned. Bitwise the host's.
+/// out as the neutral element (o = 0, lse = -inf) whatever their o holds (not read at all in
+/// launches of more than kSpeculativeMaxWarps warps; see the top of this file). send:
+/// group_size chunks of layout.bytes, 16-byte aligned. Bitwise the host's.
 template <class Base>
 void combine_pack_a2a(TensorView<const float, 3> o, TensorView<const float, 2> lse,
                       int num_valid_rows, int group_size, PartialDtype dtype,
@@ -612,19 +849,27 @@ void combine_pack_a2a(TensorView<const float, 3> o, TensorView<const float, 2> l
   DCPATTN_REQUIRE(group_size >= 1 && h % group_size == 0,
                   "combine_pack_a2a: group_size (" + std::to_string(group_size) +
                       ") must divide the head count (" + std::to_string(h) + ")");
-  const detail::SegmentGrid g = detail::segment_grid(t * h, dv);
-  const detail::WarpGrid lg = detail::warp_grid(g.total);
   const int hl = int(h / group_size);
+  const int segments = detail::row_segments(dv, 4 * detail::kWarpSize * detail::kLaneColumns);
+  const std::int64_t warps = t * h * segments;
+  const detail::WarpGrid lg = detail::warp_grid(warps);
+  const bool speculative = warps <= detail::kSpeculativeMaxWarps;
+  auto go = [&](auto kernel) {
+    detail::combine_launch("pack_a2a_kernel", kernel, lg.grid, lg.block, stream, detail::strided(o),
+                           detail::strided(lse), num_valid_rows, int(h), hl, int(dv), segments,
+                           warps, send, layout.bytes, layout.lse_offset);
+  };
   if (dtype == PartialDtype::fp32) {
-    detail::pack_a2a_kernel<Base, float><<<lg.grid, lg.block, 0, stream>>>(
-        detail::strided(o), detail::strided(lse), num_valid_rows, int(h), hl, g, send,
-        layout.bytes, layout.lse_offset);
+    if (speculative)
+      go(detail::pack_a2a_kernel<Base, float, true>);
+    else
+      go(detail::pack_a2a_kernel<Base, float, false>);
   } else {
-    detail::pack_a2a_kernel<Base, bfloat16><<<lg.grid, lg.block, 0, stream>>>(
-        detail::strided(o), detail::strided(lse), num_valid_rows, int(h), hl, g, send,
-        layout.bytes, layout.lse_offset);
+    if (speculative)
+      go(detail::pack_a2a_kernel<Base, bfloat16, true>);
+    else
+      go(detail::pack_a2a_kernel<Base, bfloat16, false>);
   }
-  detail::check_launch("pack_a2a_kernel");
 }
 
 /// Merges the N received chunks into out (T, H_local, Dv) of OutT and out_lse (T, H_local)
@@ -646,38 +891,55 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
                     "combine_merge_a2a: deterministic mode needs a power-of-two group_size of at "
                     "most " + std::to_string(detail::kMaxTreeStates) + " on CUDA, got " +
                         std::to_string(group_size));
-  const detail::SegmentGrid g = detail::segment_grid(t * hl, dv);
-  const detail::WarpGrid lg = detail::warp_grid(g.total);
-  const auto o = detail::strided(out);
-  const auto l = detail::strided(out_lse);
-  const int n = group_size, h = int(hl);
-  auto launch = [&](auto part) {
-    using PartT = decltype(part);
-    if (mode == DcpMode::deterministic && n == 1) {
-      detail::merge_a2a_single_kernel<OutT, PartT>
-          <<<lg.grid, lg.block, 0, stream>>>(recv, layout.lse_offset, h, g, o, l);
-    } else if (mode == DcpMode::fast) {
-      detail::merge_a2a_sum_kernel<OutT, PartT>
-          <<<lg.grid, lg.block, 0, stream>>>(recv, layout.bytes, layout.lse_offset, n, h, g, o, l);
-    } else if (n == 2) {
-      detail::merge_a2a_tree_kernel<OutT, PartT, 2>
-          <<<lg.grid, lg.block, 0, stream>>>(recv, layout.bytes, layout.lse_offset, n, h, g, o, l);
-    } else if (n <= 8) {
-      detail::merge_a2a_tree_kernel<OutT, PartT, 8>
-          <<<lg.grid, lg.block, 0, stream>>>(recv, layout.bytes, layout.lse_offset, n, h, g, o, l);
+  const int n = group_size;
+  if (dtype == PartialDtype::fp32) {
+    using P = float;
+    if (mode == DcpMode::fast) {
+      if (n <= 2)
+        detail::launch_merge_sum<OutT, P, 4, 2, 4>(recv, n, layout, out, out_lse, stream);
+      else if (n <= 4)
+        detail::launch_merge_sum<OutT, P, 4, 4, 4>(recv, n, layout, out, out_lse, stream);
+      else
+        detail::launch_merge_sum<OutT, P, 4, 8, 2>(recv, n, layout, out, out_lse, stream);
+    } else if (n <= 2) {  // n = 1 runs the 2-state tree, which passes the one state through
+      detail::launch_merge_tree<OutT, P, 4, 2, 4>(recv, n, layout, out, out_lse, stream);
+    } else if (n == 4) {
+      detail::launch_merge_tree<OutT, P, 4, 4, 4>(recv, n, layout, out, out_lse, stream);
+    } else if (n == 8) {
+      detail::launch_merge_tree<OutT, P, 4, 8, 2>(recv, n, layout, out, out_lse, stream);
     } else if (n == 16) {
-      detail::merge_a2a_tree_kernel<OutT, PartT, 16>
-          <<<lg.grid, lg.block, 0, stream>>>(recv, layout.bytes, layout.lse_offset, n, h, g, o, l);
+      detail::launch_merge_tree<OutT, P, 4, 16, 1>(recv, n, layout, out, out_lse, stream);
     } else {
-      detail::merge_a2a_tree_kernel<OutT, PartT, 32>
-          <<<lg.grid, lg.block, 0, stream>>>(recv, layout.bytes, layout.lse_offset, n, h, g, o, l);
+      detail::launch_merge_tree<OutT, P, 4, 32, 1>(recv, n, layout, out, out_lse, stream);
     }
-  };
-  if (dtype == PartialDtype::fp32)
-    launch(float{});
-  else
-    launch(bfloat16{});
-  detail::check_launch("combine_merge_a2a kernel");
+  } else {
+    using P = bfloat16;
+    // 16-byte vectors of 8 bf16 need Dv % 8 == 0 (row starts 16-byte aligned); 8-byte vectors
+    // of 4 otherwise, and for 16 or 32 tree states (register room).
+    const bool v8 = dv % 8 == 0;
+    if (mode == DcpMode::fast) {
+      if (!v8)
+        detail::launch_merge_sum<OutT, P, 4, 8, 4>(recv, n, layout, out, out_lse, stream);
+      else if (n <= 2)
+        detail::launch_merge_sum<OutT, P, 8, 2, 2>(recv, n, layout, out, out_lse, stream);
+      else if (n <= 4)
+        detail::launch_merge_sum<OutT, P, 8, 4, 2>(recv, n, layout, out, out_lse, stream);
+      else
+        detail::launch_merge_sum<OutT, P, 8, 8, 2>(recv, n, layout, out, out_lse, stream);
+    } else if (!v8) {  // any n <= 32 (a power of two): the 32-state tree with 8-byte vectors
+      detail::launch_merge_tree<OutT, P, 4, 32, 1>(recv, n, layout, out, out_lse, stream);
+    } else if (n <= 2) {
+      detail::launch_merge_tree<OutT, P, 8, 2, 2>(recv, n, layout, out, out_lse, stream);
+    } else if (n == 4) {
+      detail::launch_merge_tree<OutT, P, 8, 4, 2>(recv, n, layout, out, out_lse, stream);
+    } else if (n == 8) {
+      detail::launch_merge_tree<OutT, P, 8, 8, 1>(recv, n, layout, out, out_lse, stream);
+    } else if (n == 16) {
+      detail::launch_merge_tree<OutT, P, 4, 16, 1>(recv, n, layout, out, out_lse, stream);
+    } else {
+      detail::launch_merge_tree<OutT, P, 4, 32, 1>(recv, n, layout, out, out_lse, stream);
+    }
+  }
 }
 
 /// The all-gather/reduce-scatter combiner's local step, as host::combine_rescale_agrs: lse_all
@@ -696,12 +958,19 @@ inline void combine_rescale_agrs(TensorView<const float, 3> o, const float* lse_
                   "combine_rescale_agrs: group_size (" + std::to_string(group_size) +
                       ") must divide the head count (" + std::to_string(h) + ") and rank (" +
                       std::to_string(rank) + ") lie in [0, group_size)");
-  const detail::SegmentGrid g = detail::segment_grid(t * h, dv);
-  const detail::WarpGrid lg = detail::warp_grid(g.total);
-  detail::rescale_agrs_kernel<><<<lg.grid, lg.block, 0, stream>>>(
-      detail::strided(o), lse_all, rank, group_size, int(h), int(h / group_size), t, g, packed,
-      detail::aligned_to(packed, 16), detail::strided(out_lse));
-  detail::check_launch("rescale_agrs_kernel");
+  const int segments = detail::row_segments(dv, 4 * detail::kWarpSize * detail::kLaneColumns);
+  const std::int64_t warps = t * h * segments;
+  const detail::WarpGrid lg = detail::warp_grid(warps);
+  auto go = [&](auto kernel) {
+    detail::combine_launch("rescale_agrs_kernel", kernel, lg.grid, lg.block, stream,
+                           detail::strided(o), lse_all, rank, group_size, int(h),
+                           int(h / group_size), t, int(dv), segments, warps, packed,
+                           detail::aligned_to(packed, 16), detail::strided(out_lse));
+  };
+  if (warps <= detail::kSpeculativeMaxWarps)
+    go(detail::rescale_agrs_kernel<true>);
+  else
+    go(detail::rescale_agrs_kernel<false>);
 }
 
 }  // namespace cuda_kernels

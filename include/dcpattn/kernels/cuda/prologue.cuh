@@ -3,7 +3,7 @@
 // fp8 ds_mla entry), indexer-key LayerNorm + RoPE + fp8 cache write, and the top-k buffer reset, in
 // one stream-ordered launch (no allocation, no host synchronization: CUDA-graph capturable).
 //
-// The DCP rule (DESIGN.md, "Fused prologue"): the query RMSNorm runs for EVERY row. The query role
+// The DCP rule (DESIGN.md, "Fused prologue"): the query RMSNorm runs for EVERY row. The query part
 // of this kernel never reads slot_mapping at all, so a rank that stores none of the batch's tokens
 // (every slot -1) still normalizes all its queries; only the cache writes depend on the slot.
 //
@@ -18,8 +18,15 @@
 //     group's largest latent differs by one bf16 ulp (then relative difference <= 2^-7);
 //   - indexer key: LayerNorm outputs within 1 bf16 ulp, then rotated and quantized as on the host;
 //     a 1-ulp difference before RoPE can move a rotated value by 2^-7 of its pair's magnitude.
-// The sums are deterministic (fixed order): the same inputs give the same bytes on every run.
+// The sums are deterministic (fixed order, independent of the launch shape): the same inputs give
+// the same bytes on every run and for every batch size.
 // Bitwise statements assume IEEE division and square root (nvcc's default; not --use_fast_math).
+//
+// Conversions: float -> bf16 and float -> e4m3 use the hardware conversions (cvt.rn.bf16x2.f32,
+// cvt.rn.satfinite.e4m3x2.f32: round to nearest even, subnormals kept, e4m3 saturating to +-448),
+// which give bfloat16::from_float and fp8_e4m3::encode bit for bit on every non-NaN input. A chunk
+// of 8 values holding a NaN takes the library routines instead, so NaN encodings are the
+// library's too (tests/kernels/cuda/test_prologue.cu checks all 2^32 inputs on the device).
 #pragma once
 
 #include <algorithm>
@@ -46,34 +53,43 @@ namespace cuda_kernels {
 namespace detail::prologue {
 
 // ---- launch shape ----
-// One 96-thread block (3 warps) works on one row at a time in one of three roles (blockIdx.x %
-// number of roles), walking rows blockIdx.x / roles, + row_blocks, ...:
-//   role 0 (query):  3 warps x 32 lanes x 2 chunks of 8 bf16 = the 1536 values of q_c[t], two
-//                    rows per iteration (four 16-byte loads in flight per thread); block
-//                    reduction of each sum of squares (warp shuffles, then 3 partials, 1 barrier).
-//   role 1 (kv):     warp 0: the 512-value latent, 2 chunks of 8 per lane (RMSNorm by a warp
-//                    shuffle reduction, then the bf16 store or fp8 quantization in groups of 128 =
-//                    16 lanes); warp 1: k_pe (lanes 0-7, 8 values each, RoPE); warp 2: the indexer
-//                    key (lanes 0-15, 8 values each: LayerNorm, RoPE on lanes 0-7, fp8). No block
-//                    barrier: the three warps of a kv block are independent.
-//   role 2 (top-k):  the block writes -1 over the row, 16 bytes per store.
+// Every warp works on whole rows, independently of the other warps (no block barrier, no shared
+// memory), so every part of every row is spread evenly over all the SMs. Large batches (`split`
+// false): a persistent grid (kMinBlocksPerSm blocks of kBlockWarps warps per SM) whose warps walk
+// rows warp, warp + warps, ...; per row the warp
+//   - issues the 6 loads of 16 bytes per lane of q_c[t] (1536 values) and, when the row owns a
+//     writable slot, its kv_c / k_pe / index_k chunks and cos/sin values: up to 13 loads of 16
+//     bytes per lane in flight together (its slot and position were loaded during the previous
+//     row),
+//   - resets the top-k row (16-byte stores across the warp: 16 per lane at k = 2048),
+//   - finishes the query RMSNorm (warp shuffles only) and stores q_c_out[t],
+//   - finishes the latent (all 32 lanes: chunks lane and lane + 32), k_pe (lanes 0-7) and the
+//     indexer key (lanes 16-31) and stores the cache entries.
+// Small batches (`split` true: three tasks per row still fit the resident warps): one warp per
+// (row, part), part 0 = query + top-k, part 1 = the latent, part 2 = k_pe and the indexer key, so
+// that a decode step spreads over three times as many warps and its latency chain is shorter;
+// blocks shrink so that they spread over the SMs.
 // A chunk of 8 bf16 is one 16-byte load or store wherever the view allows it (unit inner stride,
-// 16-byte aligned base and row stride); other views take an element-wise path.
-inline constexpr int kThreads = 96;
-inline constexpr int kWarps = kThreads / 32;
-inline constexpr int kChunk = 8;                                  // bf16 per 16 bytes
-inline constexpr int kQChunksPerThread = kMlaQLoraRank / kChunk / kThreads;  // 2
-inline constexpr int kQRowsPerIteration = 2;  // query rows a block loads before one reduction
-// Blocks per role launched for a large batch: this many times what the GPU holds at once, so the
-// block scheduler balances the roles' different lengths (a block walks rows until the batch ends).
-inline constexpr int kWaves = 8;
-// Register cap through __launch_bounds__: 10 blocks of 96 threads per SM leave 64 registers per
-// thread, what the query role needs without spilling (a cap for 11 blocks spills; without a cap
-// ptxas takes 72, i.e. 9 blocks per SM).
-inline constexpr int kMinBlocksPerSm = 10;
+// 16-byte aligned base and row stride); other views take an element-wise path. The kernel is
+// compiled twice: V = true when every view allows 16-byte accesses (no element-wise code at all),
+// V = false for any other views.
+inline constexpr int kBlockWarps = 8;
+inline constexpr int kThreads = 32 * kBlockWarps;
+inline constexpr int kChunk = 8;                                // bf16 per 16 bytes
+inline constexpr int kQChunks = kMlaQLoraRank / kChunk / 32;    // 6 chunks per lane
+// The query sum of squares is kept as 3 partial sums per lane, each over the chunks (lane + 32m,
+// lane + 32(m + 3)), m = 0, 1, 2, reduced across the warp and added in the order m = 0, 1, 2: one
+// fixed tree for every launch shape.
+inline constexpr int kQPartials = 3;
+// Register cap through __launch_bounds__: 2 blocks of 256 threads per SM leave 128 registers per
+// thread, what the whole-row loop needs without spilling (it holds a row's query chunks, its kv
+// chunks and cos/sin values, and the query weights at once; a cap for 3 blocks, 80 registers,
+// spills). 16 warps per SM, each with up to 13 x 512 bytes of loads in flight, cover the
+// memory latency several times over.
+inline constexpr int kMinBlocksPerSm = 2;
 
-static_assert(kMlaQLoraRank == kQChunksPerThread * kThreads * kChunk,
-              "dcpattn: the query role assumes 1536 = 2 chunks x 96 threads x 8");
+static_assert(kMlaQLoraRank == kQChunks * 32 * kChunk && kQChunks == 2 * kQPartials,
+              "dcpattn: the query part assumes 1536 = 6 chunks x 32 lanes x 8");
 static_assert(kMlaLatentDim == 2 * 32 * kChunk, "dcpattn: the latent is 2 chunks per lane of a warp");
 static_assert(kMlaRopeDim == 8 * kChunk, "dcpattn: the RoPE part is 8 lanes x 8 values");
 static_assert(kIndexerHeadDim == 16 * kChunk, "dcpattn: an indexer key is 16 lanes x 8 values");
@@ -155,9 +171,10 @@ struct Params {
   std::int64_t index_pages = 0;
   std::int64_t index_page_size = 1;
 
-  int roles = 2;  // 3 with a top-k buffer
   Rows<std::int32_t> topk;
-  std::int64_t topk_k = 0;
+  std::int64_t topk_k = 0;  // 0: no top-k buffer
+
+  bool split = false;  // one warp per (row, part) instead of one warp per row (see launch shape)
 
   float rms_eps = 1e-6f;
   float ln_eps = 1e-6f;
@@ -179,57 +196,141 @@ DCPATTN_DEVICE void unpack_bf16x8(uint4 v, float (&f)[8]) {
     f[2 * k + 1] = cuda::std::bit_cast<float>(w[k] & 0xffff0000u);
   }
 }
-DCPATTN_DEVICE std::uint32_t pack_bf16x2(float lo, float hi) {
-  return std::uint32_t(bfloat16::from_float(lo).bits) |
-         (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
-}
-DCPATTN_DEVICE uint4 pack_bf16x8(const float (&f)[8]) {
-  return make_uint4(pack_bf16x2(f[0], f[1]), pack_bf16x2(f[2], f[3]), pack_bf16x2(f[4], f[5]),
-                    pack_bf16x2(f[6], f[7]));
+
+/// True when one of the 8 values is a NaN (then the library conversions run: see the file comment).
+DCPATTN_DEVICE bool any_nan8(const float (&f)[8]) {
+  bool nan = false;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) nan |= f[k] != f[k];
+  return nan;
 }
 
-/// Chunk of 8 values of a streamed (read-once) row, starting at column c0 (a multiple of 8).
-DCPATTN_DEVICE void load_row8(const Rows<const bfloat16>& m, std::int64_t row, int c0,
-                              float (&f)[8]) {
+/// bfloat16::from_float(lo) | bfloat16::from_float(hi) << 16 for non-NaN lo and hi (round to
+/// nearest even, subnormals kept, overflow to infinity: what from_float computes on the bits).
+DCPATTN_DEVICE std::uint32_t cvt_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  std::uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source: high half
+  return r;
+#else
+  return std::uint32_t(bfloat16::from_float(lo).bits) |
+         (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
+#endif
+}
+
+/// fp8_e4m3::encode(lo) | fp8_e4m3::encode(hi) << 8 for non-NaN lo and hi (round to nearest even,
+/// subnormals kept, magnitudes from 448 up, infinities included, saturating to +-448).
+DCPATTN_DEVICE std::uint32_t cvt_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));  // first: high byte
+  return r;
+#else
+  return std::uint32_t(fp8_e4m3::encode(lo)) | (std::uint32_t(fp8_e4m3::encode(hi)) << 8);
+#endif
+}
+
+/// The library path of pack_bf16x8 (chunks holding a NaN), out of line (keeps the hot loop
+/// compact). A template only for its linkage (a header may be compiled with -rdc into many units).
+template <int = 0>
+__device__ __noinline__ uint4 pack_bf16x8_library(float f0, float f1, float f2, float f3, float f4,
+                                                  float f5, float f6, float f7) {
+  const float f[8] = {f0, f1, f2, f3, f4, f5, f6, f7};
+  std::uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    w[k] = std::uint32_t(bfloat16::from_float(f[2 * k]).bits) |
+           (std::uint32_t(bfloat16::from_float(f[2 * k + 1]).bits) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/// bf16 bits of 8 values (bfloat16::from_float of each), packed as unpack_bf16x8 reads them.
+DCPATTN_DEVICE uint4 pack_bf16x8(const float (&f)[8]) {
+  if (any_nan8(f)) return pack_bf16x8_library<>(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
+  return make_uint4(cvt_bf16x2(f[0], f[1]), cvt_bf16x2(f[2], f[3]), cvt_bf16x2(f[4], f[5]),
+                    cvt_bf16x2(f[6], f[7]));
+}
+
+/// Rounds 8 values to bf16 in place (round_to_bf16 of each).
+DCPATTN_DEVICE void round_bf16x8(float (&f)[8]) { unpack_bf16x8(pack_bf16x8(f), f); }
+
+/// The library path of encode_e4m3x8 (chunks holding a NaN), out of line, as pack_bf16x8_library.
+template <int = 0>
+__device__ __noinline__ uint2 encode_e4m3x8_library(float q0, float q1, float q2, float q3,
+                                                    float q4, float q5, float q6, float q7) {
+  const float q[8] = {q0, q1, q2, q3, q4, q5, q6, q7};
+  std::uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) w[k / 4] |= std::uint32_t(fp8_e4m3::encode(q[k])) << (8 * (k % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+/// fp8_e4m3::encode of 8 values, packed little-endian (value k in byte k % 4 of word k / 4).
+DCPATTN_DEVICE void encode_e4m3x8(const float (&q)[8], std::uint32_t (&w)[2]) {
+  if (any_nan8(q)) {
+    const uint2 r = encode_e4m3x8_library<>(q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]);
+    w[0] = r.x;
+    w[1] = r.y;
+    return;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    w[h] = cvt_e4m3x2(q[4 * h], q[4 * h + 1]) | (cvt_e4m3x2(q[4 * h + 2], q[4 * h + 3]) << 16);
+}
+
+/// e4m3 codes of 8 values divided by `scale` (IEEE division, as the host), packed little-endian.
+DCPATTN_DEVICE void encode_fp8x8(const float (&y)[8], float scale, std::uint32_t (&w)[2]) {
+  float q[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) q[k] = __fdiv_rn(y[k], scale);
+  encode_e4m3x8(q, w);
+}
+
+/// Raw bf16 bits of elements c0, c0 + stride, ..., c0 + 7 stride of p (the element-wise path).
+DCPATTN_DEVICE uint4 gather_chunk(const bfloat16* p, std::int64_t stride, int c0) {
+  std::uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    w[k] = std::uint32_t(p[std::int64_t(c0 + 2 * k) * stride].bits) |
+           (std::uint32_t(p[std::int64_t(c0 + 2 * k + 1) * stride].bits) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+/// Raw bf16 bits of columns [c0, c0 + 8) (c0 a multiple of 8) of row `row` of a streamed
+/// (read-once) input. V: the view is known to be `vec`.
+template <bool V>
+DCPATTN_DEVICE uint4 load_chunk(const Rows<const bfloat16>& m, std::int64_t row, int c0) {
   const bfloat16* p = m.data + row * m.row_stride;
-  if (m.vec) {
-    unpack_bf16x8(__ldcs(reinterpret_cast<const uint4*>(p + c0)), f);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) f[k] = p[std::int64_t(c0 + k) * m.col_stride].to_float();
-  }
+  if (V || m.vec) return __ldcs(reinterpret_cast<const uint4*>(p + c0));
+  return gather_chunk(p, m.col_stride, c0);
 }
-/// Chunk of 8 values of a weight vector (read by every block: through the read-only cache).
-/// An absent vector (null) reads as zeros.
-DCPATTN_DEVICE void load_weight8(const Vec1<const bfloat16>& w, int c0, float (&f)[8]) {
-  if (w.data == nullptr) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) f[k] = 0.0f;
-  } else if (w.vec) {
-    unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(w.data + c0)), f);
-  } else {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) f[k] = w.data[std::int64_t(c0 + k) * w.stride].to_float();
-  }
+/// Raw bf16 bits of entries [c0, c0 + 8) of a weight vector (read by every warp: through the
+/// read-only cache). kOptional: an absent vector (null) reads as +0; the others are never null.
+template <bool V, bool kOptional = false>
+DCPATTN_DEVICE uint4 load_weight_chunk(const Vec1<const bfloat16>& v, int c0) {
+  if (kOptional && v.data == nullptr) return make_uint4(0u, 0u, 0u, 0u);
+  if (V || v.vec) return __ldg(reinterpret_cast<const uint4*>(v.data + c0));
+  return gather_chunk(v.data, v.stride, c0);
 }
-/// Stores 8 values, rounded to bf16, at columns [c0, c0 + 8) of row `row`.
-DCPATTN_DEVICE void store_row8(const Rows<bfloat16>& m, std::int64_t row, int c0,
-                               const float (&f)[8]) {
+/// Stores 8 bf16 (raw bits, as pack_bf16x8 makes them) at columns [c0, c0 + 8) of row `row`.
+template <bool V>
+DCPATTN_DEVICE void store_chunk(const Rows<bfloat16>& m, std::int64_t row, int c0, uint4 v) {
   bfloat16* p = m.data + row * m.row_stride;
-  if (m.vec) {
-    *reinterpret_cast<uint4*>(p + c0) = pack_bf16x8(f);
+  if (V || m.vec) {
+    *reinterpret_cast<uint4*>(p + c0) = v;
   } else {
+    const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int k = 0; k < 8; ++k) p[std::int64_t(c0 + k) * m.col_stride] = bfloat16::from_float(f[k]);
+    for (int k = 0; k < 8; ++k)
+      p[std::int64_t(c0 + k) * m.col_stride] = bfloat16{std::uint16_t(w[k / 2] >> (16 * (k % 2)))};
   }
 }
 /// Stores `n` bytes (4, 8 or 16, given as words) at byte column c0 of a byte row; `vec` rows take
 /// one store (c0 must then be aligned to n), others byte by byte.
-template <int N>
+template <bool V, int N>
 DCPATTN_DEVICE void store_bytes(const Rows<std::uint8_t>& m, std::uint8_t* row_ptr, std::int64_t c0,
                                 const std::uint32_t (&words)[N / 4]) {
   static_assert(N == 4 || N == 8 || N == 16);
-  if (m.vec) {
+  if (V || m.vec) {
     if constexpr (N == 16) {
       *reinterpret_cast<uint4*>(row_ptr + c0) = make_uint4(words[0], words[1], words[2], words[3]);
     } else if constexpr (N == 8) {
@@ -268,12 +369,12 @@ DCPATTN_DEVICE RopePair rope_pair_rn(float x0, float x1, float c, float s) {
 }
 
 /// `n` cosines (columns [i0, i0 + n)) and sines (columns [32 + i0, ...)) of row `pos`.
-template <int N>
+template <bool V, int N>
 DCPATTN_DEVICE void load_cos_sin(const Rows<const float>& cs, std::int64_t pos, int i0,
                                  float (&c)[N], float (&s)[N]) {
   constexpr int half = kMlaRopeDim / 2;
   const float* row = cs.data + pos * cs.row_stride;
-  if (cs.vec) {
+  if (V || cs.vec) {
 #pragma unroll
     for (int k = 0; k < N; k += 4) {
       const float4 cv = __ldg(reinterpret_cast<const float4*>(row + i0 + k));
@@ -290,164 +391,227 @@ DCPATTN_DEVICE void load_cos_sin(const Rows<const float>& cs, std::int64_t pos, 
   }
 }
 
-/// The cosines and sines lane `lane` (< 8) needs for rope64_bf16 at position `pos`: pairs 4l ..
-/// 4l + 3 (interleaved, c[0..3]) or 8(l % 4) .. 8(l % 4) + 7 (neox). Split from the rotation so
-/// that the loads go out together with the row's own loads.
-DCPATTN_DEVICE void load_rope_cos_sin(int lane, RopeStyle style, const Rows<const float>& cs,
+/// The cosines and sines that sub-lane `sub` (< 8) of a group of 8 lanes holding 64 rotary dims
+/// (sub-lane l: dims [8l, 8l + 8)) needs at position `pos`: pairs 4l .. 4l + 3 (interleaved,
+/// c[0..3]) or 8(l % 4) .. 8(l % 4) + 7 (neox).
+template <bool V>
+DCPATTN_DEVICE void load_rope_cos_sin(int sub, RopeStyle style, const Rows<const float>& cs,
                                       std::int64_t pos, float (&c)[8], float (&s)[8]) {
   if (style == RopeStyle::interleaved) {
     float c4[4], s4[4];
-    load_cos_sin<4>(cs, pos, 4 * lane, c4, s4);
+    load_cos_sin<V, 4>(cs, pos, 4 * sub, c4, s4);
 #pragma unroll
     for (int k = 0; k < 4; ++k) c[k] = c4[k], s[k] = s4[k], c[k + 4] = s[k + 4] = 0.0f;
   } else {
-    load_cos_sin<8>(cs, pos, 8 * (lane & 3), c, s);
+    load_cos_sin<V, 8>(cs, pos, 8 * (sub & 3), c, s);
   }
 }
 
-/// RoPE of 64 dims held by lanes 0-7 of a warp, lane l holding dims [8l, 8l + 8) in x (values of
-/// bf16), with the cosines and sines of load_rope_cos_sin. Rotated values are rounded to bf16, as
-/// the host's rope_row on a bf16 row. Lanes >= 8 keep x. Must be called by the whole warp (the
-/// neox pairing exchanges values with lane ^ 4).
-DCPATTN_DEVICE void rope64_bf16(float (&x)[8], int lane, RopeStyle style, const float (&c)[8],
-                                const float (&s)[8]) {
-  if (style == RopeStyle::interleaved) {
-    // Pair i = (2i, 2i + 1): lane l holds pairs 4l .. 4l + 3 entirely.
-    if (lane < 8) {
+/// RoPE of 64 dims held by a group of 8 lanes, sub-lane `sub` = lane % 8 holding dims
+/// [8 sub, 8 sub + 8) in x (values of bf16), with the cosines and sines of load_rope_cos_sin;
+/// lanes with `rotate` false keep x. Rotated values are NOT yet rounded to bf16 (the caller
+/// rounds the chunk). Must be called by the whole warp: with `exchange` (some group of the warp
+/// is neox) the neox pairing swaps values with lane ^ 4, inside the group.
+DCPATTN_DEVICE void rope64(float (&x)[8], bool rotate, int sub, RopeStyle style, bool exchange,
+                           const float (&c)[8], const float (&s)[8]) {
+  float other[8];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const RopePair r = rope_pair_rn(x[2 * m], x[2 * m + 1], c[m], s[m]);
-        x[2 * m] = round_to_bf16(r.x0);
-        x[2 * m + 1] = round_to_bf16(r.x1);
-      }
-    }
-  } else {
-    // Pair i = (i, i + 32): lane l < 4 holds the first members of pairs 8l .. 8l + 7, lane l + 4
-    // the second members of the same pairs.
-    float other[8];
+  for (int k = 0; k < 8; ++k) other[k] = 0.0f;
+  if (exchange) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) other[k] = __shfl_xor_sync(kFullMask, x[k], 4);
-    if (lane < 8) {
-      const bool first = lane < 4;
+  }
+  if (!rotate) return;
+  if (style == RopeStyle::interleaved) {
+    // Pair i = (2i, 2i + 1): sub-lane l holds pairs 4l .. 4l + 3 entirely.
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const RopePair r = first ? rope_pair_rn(x[k], other[k], c[k], s[k])
-                                 : rope_pair_rn(other[k], x[k], c[k], s[k]);
-        x[k] = round_to_bf16(first ? r.x0 : r.x1);
-      }
+    for (int m = 0; m < 4; ++m) {
+      const RopePair r = rope_pair_rn(x[2 * m], x[2 * m + 1], c[m], s[m]);
+      x[2 * m] = r.x0;
+      x[2 * m + 1] = r.x1;
+    }
+  } else {
+    // Pair i = (i, i + 32): sub-lane l < 4 holds the first members of pairs 8l .. 8l + 7, sub-lane
+    // l + 4 the second members of the same pairs.
+    const bool first = sub < 4;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const RopePair r = first ? rope_pair_rn(x[k], other[k], c[k], s[k])
+                               : rope_pair_rn(other[k], x[k], c[k], s[k]);
+      x[k] = first ? r.x0 : r.x1;
     }
   }
 }
 
-/// e4m3 codes of 8 values divided by `scale` (IEEE division, as the host), packed little-endian.
-DCPATTN_DEVICE void encode_fp8x8(const float (&y)[8], float scale, std::uint32_t (&w)[2]) {
-  w[0] = w[1] = 0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    w[k / 4] |= std::uint32_t(fp8_e4m3::encode(__fdiv_rn(y[k], scale))) << (8 * (k % 4));
-}
-
-/// Slot and position of row `row` if its cache entries are to be written: 0 <= slot < num_slots,
-/// within the indexer cache when the indexer is on, and 0 <= position < max_position. A row
-/// failing any of these (slot -1: another rank's token; anything else: an invalid value, which the
-/// host reference refuses and this kernel cannot report without a synchronization) writes neither
-/// cache and reads nothing at its slot or through its position.
+/// Whether row `row`'s cache entries are to be written, from its slot and position: 0 <= slot <
+/// num_slots, within the indexer cache when the indexer is on, and 0 <= position < max_position.
+/// A row failing any of these (slot -1: another rank's token; anything else: an invalid value,
+/// which the host reference refuses and this kernel cannot report without a synchronization)
+/// writes neither cache and reads nothing at its slot or through its position.
+/// With the indexer, also the slot's page of the indexer cache and its place in the page.
 template <CacheFormat F>
-DCPATTN_DEVICE bool writable_row(const Params<F>& p, std::int64_t row, std::int64_t& slot,
-                                 std::int64_t& pos) {
-  // Both loads in flight together: positions[row] is always readable (row < T), only its value
-  // is subject to the slot.
-  slot = p.slots.data[row * p.slots.stride];
-  pos = p.positions.data[row * p.positions.stride];
-  if (slot < 0 || slot >= p.num_slots) return false;
-  if (p.indexer && slot / p.index_page_size >= p.index_pages) return false;
-  return pos >= 0 && pos < p.max_position;
-}
-
-// ---- roles ----
-
-/// q_c_out[t] = bf16(q_c[t] * rms_norm_scale * q_norm_weight) for every row t, slot or no slot.
-/// Two rows per iteration (t and t + row_step), so that each thread has four 16-byte loads in
-/// flight. In place (q_c_out == q_c) is safe: each thread writes only the elements it has read.
-template <CacheFormat F>
-__device__ void query_role(const Params<F>& p, std::int64_t first_row, std::int64_t row_step) {
-  constexpr int R = kQRowsPerIteration;
-  __shared__ float partial[2][R][kWarps];  // double-buffered: one barrier per iteration
-  const int tid = int(threadIdx.x);
-  const int warp = tid / 32, lane = tid % 32;
-  // Weights stay packed (bf16 pairs) across rows: 8 registers instead of 16.
-  std::uint32_t w[kQChunksPerThread][4];
-#pragma unroll
-  for (int j = 0; j < kQChunksPerThread; ++j) {
-    float f[8];
-    load_weight8(p.q_w, (tid + j * kThreads) * kChunk, f);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) w[j][k] = pack_bf16x2(f[2 * k], f[2 * k + 1]);  // exact: bf16 values
+DCPATTN_DEVICE bool writable(const Params<F>& p, std::int64_t slot, std::int64_t pos,
+                             std::int64_t& page, std::int64_t& in_page) {
+  page = in_page = 0;
+  if (slot < 0 || slot >= p.num_slots || pos < 0 || pos >= p.max_position) return false;
+  if (p.indexer) {
+    const std::int64_t ps = p.index_page_size;  // >= 1
+    if (((slot | ps) >> 32) == 0) {  // 32-bit division where it suffices (always, in practice)
+      const std::uint32_t q = std::uint32_t(slot) / std::uint32_t(ps);
+      page = q;
+      in_page = std::int64_t(std::uint32_t(slot) - q * std::uint32_t(ps));
+    } else {
+      page = slot / ps;
+      in_page = slot - page * ps;
+    }
+    if (page >= p.index_pages) return false;
   }
+  return true;
+}
+template <CacheFormat F>
+DCPATTN_DEVICE std::int64_t slot_of(const Params<F>& p, std::int64_t row) {
+  return p.slots.data[row * p.slots.stride];
+}
+template <CacheFormat F>
+DCPATTN_DEVICE std::int64_t position_of(const Params<F>& p, std::int64_t row) {
+  return p.positions.data[row * p.positions.stride];  // readable for every row < T
+}
 
-  int parity = 0;
-  for (std::int64_t row0 = first_row; row0 < p.num_rows; row0 += R * row_step, parity ^= 1) {
-    float x[R][kQChunksPerThread][8];
+// ---- the parts of a row ----
+
+/// q_c[t] as lane `lane` holds it: chunks lane + 32m, m = 0..5 (raw bf16 bits).
+struct QueryRow {
+  uint4 v[kQChunks];
+};
+
+template <CacheFormat F, bool V>
+DCPATTN_DEVICE void query_load(const Params<F>& p, std::int64_t row, int lane, QueryRow& q) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const std::int64_t row = row0 + r * row_step;
+  for (int m = 0; m < kQChunks; ++m) q.v[m] = load_chunk<V>(p.q_c, row, (lane + 32 * m) * kChunk);
+}
+
+/// q_c_out[t] = bf16(q_c[t] * rms_norm_scale * q_norm_weight). In place (q_c_out == q_c) is safe:
+/// the lane writes only the chunks it has read, after the reduction that needed all of them.
+template <CacheFormat F, bool V>
+DCPATTN_DEVICE void query_finish(const Params<F>& p, std::int64_t row, int lane,
+                                 const QueryRow& q) {
+  // The weights (L1 hits after the first row), in flight during the reduction.
+  uint4 wq[kQChunks];
 #pragma unroll
-      for (int j = 0; j < kQChunksPerThread; ++j) {
-        if (row < p.num_rows) {
-          load_row8(p.q_c, row, (tid + j * kThreads) * kChunk, x[r][j]);
-        } else {
+  for (int m = 0; m < kQChunks; ++m) wq[m] = load_weight_chunk<V>(p.q_w, (lane + 32 * m) * kChunk);
+  float ss[kQPartials];
 #pragma unroll
-          for (int k = 0; k < 8; ++k) x[r][j][k] = 0.0f;
-        }
-      }
+  for (int m = 0; m < kQPartials; ++m) {
+    ss[m] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float f[8];
+      unpack_bf16x8(q.v[m + kQPartials * h], f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss[m] = fmaf(f[k], f[k], ss[m]);
     }
+  }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float ss = 0.0f;
+  for (int off = 16; off > 0; off /= 2)
 #pragma unroll
-      for (int j = 0; j < kQChunksPerThread; ++j)
+    for (int m = 0; m < kQPartials; ++m) ss[m] += __shfl_xor_sync(kFullMask, ss[m], off);
+  float total = ss[0];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) ss = fmaf(x[r][j][k], x[r][j][k], ss);
-      ss = warp_sum<32>(ss);
-      if (lane == 0) partial[parity][r][warp] = ss;
-    }
-    __syncthreads();
+  for (int m = 1; m < kQPartials; ++m) total += ss[m];
+  const float scale = rms_norm_scale(total, kMlaQLoraRank, p.rms_eps);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const std::int64_t row = row0 + r * row_step;
-      if (row >= p.num_rows) break;
-      float total = partial[parity][r][0];
+  for (int m = 0; m < kQChunks; ++m) {
+    const int c0 = (lane + 32 * m) * kChunk;
+    float x[8], w[8];
+    unpack_bf16x8(q.v[m], x);
+    unpack_bf16x8(wq[m], w);
 #pragma unroll
-      for (int k = 1; k < kWarps; ++k) total += partial[parity][r][k];
-      const float scale = rms_norm_scale(total, kMlaQLoraRank, p.rms_eps);
-#pragma unroll
-      for (int j = 0; j < kQChunksPerThread; ++j) {
-        float wf[8];
-        unpack_bf16x8(make_uint4(w[j][0], w[j][1], w[j][2], w[j][3]), wf);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) x[r][j][k] = __fmul_rn(__fmul_rn(x[r][j][k], scale), wf[k]);
-        store_row8(p.q_out, row, (tid + j * kThreads) * kChunk, x[r][j]);
-      }
-    }
+    for (int k = 0; k < 8; ++k) x[k] = __fmul_rn(__fmul_rn(x[k], scale), w[k]);
+    store_chunk<V>(p.q_out, row, c0, pack_bf16x8(x));
   }
 }
 
-/// Warp 0 of the kv role: latent = bf16(RMSNorm(kv_c[t]) * kv_norm_weight) into the cache entry,
-/// as 512 bf16 or as 4 groups of 128 e4m3 codes with their fp32 scales (amax / 448).
-/// Lane l holds chunks l and l + 32 (dims [8l, 8l + 8) and [256 + 8l, ...)): fp8 group g is held by
-/// 16 lanes, groups 0 and 2 by lanes 0-15, 1 and 3 by lanes 16-31.
-template <CacheFormat F>
-__device__ void latent_warp(const Params<F>& p, int lane, std::int64_t first_row,
-                            std::int64_t row_step) {
-  float w[2][8];
+/// topk_indices[t, :] = -1, spread over the warp.
+template <CacheFormat F, bool V>
+DCPATTN_DEVICE void topk_reset(const Params<F>& p, std::int64_t row, int lane) {
+  const std::int64_t k_total = p.topk_k;
+  if (k_total == 0) return;
+  std::int32_t* r = p.topk.data + row * p.topk.row_stride;
+  if (V || p.topk.vec) {
+    const std::int64_t n4 = k_total / 4;
+    int4* r4 = reinterpret_cast<int4*>(r);
+#pragma unroll 4
+    for (std::int64_t j = lane; j < n4; j += 32) r4[j] = make_int4(-1, -1, -1, -1);
+    if (lane < k_total - 4 * n4) r[4 * n4 + lane] = -1;
+  } else {
+    for (std::int64_t j = lane; j < k_total; j += 32) r[j * p.topk.col_stride] = -1;
+  }
+}
+
+/// What lane `lane` reads for the cache entries of a row: the latent chunks lane and lane + 32,
+/// one chunk of k_pe (lanes 0-7) or of the indexer key (lanes 16-31; lanes 8-15 hold zeros), and
+/// the cosines and sines of the lanes that rotate (0-7: k_pe, 16-23: indexer dims [0, 64)).
+struct KvRow {
+  uint4 latent[2];
+  uint4 aux;
+  float c[8];
+  float s[8];
+};
+
+/// `latent`, `aux` (uniform across the warp): which of the two halves of kv_finish will run.
+template <CacheFormat F, bool V>
+DCPATTN_DEVICE void kv_load(const Params<F>& p, std::int64_t row, std::int64_t pos, bool latent,
+                            bool aux, int lane, KvRow& d) {
+  d.latent[0] = d.latent[1] = d.aux = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-  for (int j = 0; j < 2; ++j) load_weight8(p.kv_w, (lane + 32 * j) * kChunk, w[j]);
-  for (std::int64_t row = first_row; row < p.num_rows; row += row_step) {
-    std::int64_t slot, pos;
-    if (!writable_row(p, row, slot, pos)) continue;  // uniform across the warp
+  for (int k = 0; k < 8; ++k) d.c[k] = d.s[k] = 0.0f;
+  if (latent) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) d.latent[j] = load_chunk<V>(p.kv_c, row, (lane + 32 * j) * kChunk);
+  }
+  if (!aux) return;
+  if (lane < 8) {
+    d.aux = load_chunk<V>(p.k_pe, row, lane * kChunk);
+    load_rope_cos_sin<V>(lane, p.kv_rope_style, p.cos_sin, pos, d.c, d.s);
+  } else if (lane >= 16 && p.indexer) {
+    d.aux = load_chunk<V>(p.index_k, row, (lane - 16) * kChunk);
+    if (lane < 24) load_rope_cos_sin<V>(lane - 16, p.index_rope_style, p.cos_sin, pos, d.c, d.s);
+  }
+}
+
+/// The cache entries of a row with a writable slot:
+///   latent = bf16(RMSNorm(kv_c[t]) * kv_norm_weight): 512 bf16, or 4 groups of 128 e4m3 codes
+///     with their fp32 scales (amax / 448); lane l holds dims [8l, 8l + 8) and [256 + 8l, ...),
+///     so fp8 group g is held by 16 lanes: groups 0 and 2 by lanes 0-15, 1 and 3 by lanes 16-31;
+///   rope = bf16(RoPE(k_pe[t], positions[t], kv_rope_style)) (lanes 0-7) into cache columns
+///     [512, 576) (bf16) or bytes [528, 656) of the fp8 entry;
+///   with the indexer (lanes 16-31): key = bf16(LayerNorm(index_k[t])) (two passes: mean, then the
+///     squared deviations, as the host), dims [0, 64) rotated (index_rope_style) and rounded to
+///     bf16, then 128 e4m3 codes with one fp32 scale (amax / 448) at the slot's place in its page.
+/// The 16-lane reductions (xor 8, 4, 2, 1) stay inside lanes 0-15 and inside lanes 16-31.
+/// `latent`: the latent part; `aux`: the k_pe and indexer part (both uniform across the warp).
+template <CacheFormat F, bool V>
+DCPATTN_DEVICE void kv_finish(const Params<F>& p, std::int64_t slot, std::int64_t page,
+                              std::int64_t in_page, bool latent, bool aux, int lane,
+                              const KvRow& d) {
+  const int sub = lane & 15;  // chunk of the aux row
+  // The weights (L1 hits after the first row), in flight during the latent's reduction.
+  uint4 w_latent[2], w_index = make_uint4(0u, 0u, 0u, 0u), b_index = w_index;
+  w_latent[0] = w_latent[1] = w_index;
+  if (latent) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      w_latent[j] = load_weight_chunk<V>(p.kv_w, (lane + 32 * j) * kChunk);
+  }
+  if (aux && p.indexer && lane >= 16) {
+    w_index = load_weight_chunk<V>(p.ik_w, sub * kChunk);
+    b_index = load_weight_chunk<V, true>(p.ik_b, sub * kChunk);
+  }
+  // Latent (all lanes).
+  if (latent) {
     float x[2][8];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) load_row8(p.kv_c, row, (lane + 32 * j) * kChunk, x[j]);
+    for (int j = 0; j < 2; ++j) unpack_bf16x8(d.latent[j], x[j]);
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -455,82 +619,50 @@ __device__ void latent_warp(const Params<F>& p, int lane, std::int64_t first_row
       for (int k = 0; k < 8; ++k) ss = fmaf(x[j][k], x[j][k], ss);
     ss = warp_sum<32>(ss);
     const float scale = rms_norm_scale(ss, kMlaLatentDim, p.rms_eps);
+    uint4 bits[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < 2; ++j) {
+      float w[8];
+      unpack_bf16x8(w_latent[j], w);
 #pragma unroll
-      for (int k = 0; k < 8; ++k)
-        x[j][k] = round_to_bf16(__fmul_rn(__fmul_rn(x[j][k], scale), w[j][k]));
-
+      for (int k = 0; k < 8; ++k) x[j][k] = __fmul_rn(__fmul_rn(x[j][k], scale), w[k]);
+      bits[j] = pack_bf16x8(x[j]);
+    }
     if constexpr (F == CacheFormat::bf16) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) store_row8(p.kv_cache, slot, (lane + 32 * j) * kChunk, x[j]);
+      for (int j = 0; j < 2; ++j)
+        store_chunk<V>(p.kv_cache, slot, (lane + 32 * j) * kChunk, bits[j]);
     } else {
       std::uint8_t* entry = p.kv_cache.data + slot * p.kv_cache.row_stride;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
+        float y[8];
+        unpack_bf16x8(bits[j], y);  // the bf16 latent
         float amax = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-          const float a = fabsf(x[j][k]);
+          const float a = fabsf(y[k]);
           amax = a > amax ? a : amax;
         }
         amax = warp_max<16>(amax);
         const float gscale = fp8_group_scale(amax);
         std::uint32_t codes[2];
-        encode_fp8x8(x[j], gscale, codes);
-        store_bytes<8>(p.kv_cache, entry, std::int64_t(lane + 32 * j) * kChunk, codes);
+        encode_fp8x8(y, gscale, codes);
+        store_bytes<V, 8>(p.kv_cache, entry, std::int64_t(lane + 32 * j) * kChunk, codes);
         if ((lane & 15) == 0) {
           const int g = 2 * j + lane / 16;
-          const std::uint32_t bits[1] = {cuda::std::bit_cast<std::uint32_t>(gscale)};
-          store_bytes<4>(p.kv_cache, entry, DsMlaFp8Entry::scales_offset + 4 * g, bits);
+          const std::uint32_t sbits[1] = {cuda::std::bit_cast<std::uint32_t>(gscale)};
+          store_bytes<V, 4>(p.kv_cache, entry, DsMlaFp8Entry::scales_offset + 4 * g, sbits);
         }
       }
     }
   }
-}
 
-/// Warp 1 of the kv role: rope = bf16(RoPE(k_pe[t], positions[t], kv_rope_style)) into cache
-/// columns [512, 576) (bf16) or bytes [528, 656) of the fp8 entry. Lanes 0-7, 8 values each.
-template <CacheFormat F>
-__device__ void kpe_warp(const Params<F>& p, int lane, std::int64_t first_row,
-                         std::int64_t row_step) {
-  for (std::int64_t row = first_row; row < p.num_rows; row += row_step) {
-    std::int64_t slot, pos;
-    if (!writable_row(p, row, slot, pos)) continue;
-    float x[8] = {}, cos_v[8] = {}, sin_v[8] = {};
-    if (lane < 8) {
-      load_row8(p.k_pe, row, lane * kChunk, x);
-      load_rope_cos_sin(lane, p.kv_rope_style, p.cos_sin, pos, cos_v, sin_v);
-    }
-    rope64_bf16(x, lane, p.kv_rope_style, cos_v, sin_v);
-    if (lane < 8) {
-      if constexpr (F == CacheFormat::bf16) {
-        store_row8(p.kv_cache, slot, kMlaLatentDim + lane * kChunk, x);
-      } else {
-        const uint4 v = pack_bf16x8(x);
-        const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
-        std::uint8_t* entry = p.kv_cache.data + slot * p.kv_cache.row_stride;
-        store_bytes<16>(p.kv_cache, entry, DsMlaFp8Entry::rope_offset + 16 * lane, words);
-      }
-    }
-  }
-}
-
-/// Warp 2 of the kv role: key = bf16(LayerNorm(index_k[t])) (two passes: mean, then the squared
-/// deviations, as the host), dims [0, 64) rotated (index_rope_style) and rounded to bf16, then 128
-/// e4m3 codes with one fp32 scale (amax / 448) at the slot's place in its page. Lanes 0-15, 8
-/// values each; lanes 16-31 carry zeros through the (16-lane) reductions.
-template <CacheFormat F>
-__device__ void indexer_warp(const Params<F>& p, int lane, std::int64_t first_row,
-                             std::int64_t row_step) {
-  if (!p.indexer) return;
-  const int c0 = (lane & 15) * kChunk;
-  for (std::int64_t row = first_row; row < p.num_rows; row += row_step) {
-    std::int64_t slot, pos;
-    if (!writable_row(p, row, slot, pos)) continue;
-    float x[8] = {}, cos_v[8] = {}, sin_v[8] = {};
-    if (lane < 16) load_row8(p.index_k, row, c0, x);
-    if (lane < 8) load_rope_cos_sin(lane, p.index_rope_style, p.cos_sin, pos, cos_v, sin_v);
+  // k_pe (lanes 0-7) and the indexer key (lanes 16-31).
+  if (!aux) return;
+  float x[8];
+  unpack_bf16x8(d.aux, x);
+  if (p.indexer) {
     float sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) sum += x[k];
@@ -539,21 +671,38 @@ __device__ void indexer_warp(const Params<F>& p, int lane, std::int64_t first_ro
     float m2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const float d = __fsub_rn(x[k], mean);
-      m2 = fmaf(d, d, m2);
+      const float dv = __fsub_rn(x[k], mean);
+      m2 = fmaf(dv, dv, m2);
     }
     m2 = warp_sum<16>(m2);
     const float inv_std = layer_norm_inv_std(m2, kIndexerHeadDim, p.ln_eps);
-    // The weights are re-read per row (L1 hits) rather than held in registers across rows.
-    float w[8], b[8];
-    load_weight8(p.ik_w, c0, w);
-    load_weight8(p.ik_b, c0, b);
+    if (lane >= 16) {
+      float w[8], b[8];
+      unpack_bf16x8(w_index, w);
+      unpack_bf16x8(b_index, b);
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-      x[k] = round_to_bf16(
-          __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[k], mean), inv_std), w[k]), b[k]));
-    rope64_bf16(x, lane, p.index_rope_style, cos_v, sin_v);
-
+      for (int k = 0; k < 8; ++k)
+        x[k] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[k], mean), inv_std), w[k]), b[k]);
+      round_bf16x8(x);
+    }
+  }
+  const bool exchange = p.kv_rope_style == RopeStyle::neox ||
+                        (p.indexer && p.index_rope_style == RopeStyle::neox);
+  const bool rotate = lane < 8 || (p.indexer && lane >= 16 && lane < 24);
+  rope64(x, rotate, lane & 7, lane < 16 ? p.kv_rope_style : p.index_rope_style, exchange, d.c,
+         d.s);
+  const uint4 xb = pack_bf16x8(x);  // the rotated values rounded; the others unchanged (exact)
+  if (lane < 8) {
+    if constexpr (F == CacheFormat::bf16) {
+      store_chunk<V>(p.kv_cache, slot, kMlaLatentDim + lane * kChunk, xb);
+    } else {
+      const std::uint32_t words[4] = {xb.x, xb.y, xb.z, xb.w};
+      std::uint8_t* entry = p.kv_cache.data + slot * p.kv_cache.row_stride;
+      store_bytes<V, 16>(p.kv_cache, entry, DsMlaFp8Entry::rope_offset + 16 * lane, words);
+    }
+  }
+  if (p.indexer) {
+    unpack_bf16x8(xb, x);
     float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -561,57 +710,65 @@ __device__ void indexer_warp(const Params<F>& p, int lane, std::int64_t first_ro
       amax = a > amax ? a : amax;
     }
     amax = warp_max<16>(amax);
-    const float scale = fp8_group_scale(amax);
-    if (lane < 16) {
-      const std::int64_t ps = p.index_page_size;
-      std::uint8_t* page = p.index_cache.data + (slot / ps) * p.index_cache.row_stride;
-      const std::int64_t in_page = slot % ps;
+    if (lane >= 16) {
+      const float scale = fp8_group_scale(amax);
+      std::uint8_t* page_ptr = p.index_cache.data + page * p.index_cache.row_stride;
       std::uint32_t codes[2];
       encode_fp8x8(x, scale, codes);
-      store_bytes<8>(p.index_cache, page, IndexerKCacheLayout::value_offset(in_page, c0), codes);
-      if (lane == 0) {
+      store_bytes<V, 8>(p.index_cache, page_ptr,
+                        IndexerKCacheLayout::value_offset(in_page, sub * kChunk), codes);
+      if (lane == 16) {
         const std::uint32_t bits[1] = {cuda::std::bit_cast<std::uint32_t>(scale)};
-        store_bytes<4>(p.index_cache, page, IndexerKCacheLayout::scale_offset(ps, in_page), bits);
+        store_bytes<V, 4>(p.index_cache, page_ptr,
+                          IndexerKCacheLayout::scale_offset(p.index_page_size, in_page), bits);
       }
     }
   }
 }
 
-/// topk_indices[t, :] = -1.
-template <CacheFormat F>
-__device__ void topk_role(const Params<F>& p, std::int64_t first_row, std::int64_t row_step) {
-  const int tid = int(threadIdx.x);
-  const std::int64_t k_total = p.topk_k;
-  for (std::int64_t row = first_row; row < p.num_rows; row += row_step) {
-    std::int32_t* r = p.topk.data + row * p.topk.row_stride;
-    if (p.topk.vec) {
-      const std::int64_t n4 = k_total / 4;
-      for (std::int64_t j = tid; j < n4; j += kThreads)
-        reinterpret_cast<int4*>(r)[j] = make_int4(-1, -1, -1, -1);
-      for (std::int64_t j = 4 * n4 + tid; j < k_total; j += kThreads) r[j] = -1;
-    } else {
-      for (std::int64_t j = tid; j < k_total; j += kThreads) r[j * p.topk.col_stride] = -1;
+template <CacheFormat F, bool V>
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    fused_prologue_kernel(const __grid_constant__ Params<F> p) {
+  const int lane = int(threadIdx.x) & 31;
+  const int block_warps = int(blockDim.x) / 32;
+  const std::int64_t warps = std::int64_t(gridDim.x) * block_warps;
+  // Tasks: row t (every part), or with `split` task 3t (query + top-k of row t), 3t + 1 (its
+  // latent) and 3t + 2 (its k_pe and indexer key).
+  const std::int64_t tasks = p.split ? 3 * p.num_rows : p.num_rows;
+  std::int64_t task = std::int64_t(blockIdx.x) * block_warps + int(threadIdx.x) / 32;
+  if (task >= tasks) return;
+  // Slot and position of the task's row, loaded one task ahead (in flight during the previous).
+  std::int64_t slot = slot_of(p, p.split ? task / 3 : task);
+  std::int64_t pos = position_of(p, p.split ? task / 3 : task);
+  for (; task < tasks; task += warps) {
+    const std::int64_t row = p.split ? task / 3 : task;
+    const int part = int(task - (p.split ? 3 * row : row));  // 0 without `split`
+    const std::int64_t next = task + warps;
+    std::int64_t next_slot = -1, next_pos = 0;
+    if (next < tasks) {
+      const std::int64_t next_row = p.split ? next / 3 : next;
+      next_slot = slot_of(p, next_row);
+      next_pos = position_of(p, next_row);
     }
-  }
-}
+    // All uniform across the warp (every lane loads the same slot and position).
+    const bool query = part == 0;
+    std::int64_t page, in_page;
+    const bool kv = (!p.split || part != 0) && writable(p, slot, pos, page, in_page);
+    const bool latent = kv && (!p.split || part == 1);
+    const bool aux = kv && (!p.split || part == 2);
 
-template <CacheFormat F>
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) fused_prologue_kernel(const __grid_constant__ Params<F> p) {
-  const int role = int(blockIdx.x % unsigned(p.roles));
-  const std::int64_t first_row = blockIdx.x / unsigned(p.roles);
-  const std::int64_t row_step = gridDim.x / unsigned(p.roles);
-  if (role == 0) {
-    query_role(p, first_row, row_step);
-  } else if (role == 1) {
-    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-    if (warp == 0)
-      latent_warp(p, lane, first_row, row_step);
-    else if (warp == 1)
-      kpe_warp(p, lane, first_row, row_step);
-    else
-      indexer_warp(p, lane, first_row, row_step);
-  } else {
-    topk_role(p, first_row, row_step);
+    QueryRow q;
+    if (query) query_load<F, V>(p, row, lane, q);
+    KvRow d;
+    if (kv) kv_load<F, V>(p, row, pos, latent, aux, lane, d);
+    if (query) {
+      topk_reset<F, V>(p, row, lane);
+      query_finish<F, V>(p, row, lane, q);
+    }
+    if (kv) kv_finish<F, V>(p, slot, page, in_page, latent, aux, lane, d);
+
+    slot = next_slot;
+    pos = next_pos;
   }
 }
 
@@ -680,6 +837,20 @@ void validate_extents(const PrologueArgs<KvCacheView>& a) {
   }
 }
 
+/// True when every view the kernel touches allows 16-byte accesses (Rows::vec, Vec1::vec; views
+/// that are absent or that nothing can be read from or written to do not count): then the kernel
+/// without the element-wise paths runs.
+template <CacheFormat F>
+bool all_vec(const Params<F>& p) {
+  bool v = p.q_c.vec && p.q_out.vec && p.q_w.vec && p.kv_c.vec && p.kv_w.vec && p.k_pe.vec &&
+           (p.cos_sin.vec || p.max_position == 0) && (p.kv_cache.vec || p.num_slots == 0);
+  if (p.indexer)
+    v = v && p.index_k.vec && p.ik_w.vec && (p.ik_b.data == nullptr || p.ik_b.vec) &&
+        (p.index_cache.vec || p.index_pages == 0);
+  if (p.topk_k > 0) v = v && p.topk.vec;
+  return v;
+}
+
 template <CacheFormat F, class KvCacheView>
 Params<F> make_params(const PrologueArgs<KvCacheView>& a) {
   Params<F> p;
@@ -709,7 +880,6 @@ Params<F> make_params(const PrologueArgs<KvCacheView>& a) {
     p.index_page_size = IndexerKCacheLayout::page_size(a.index_k_cache.extent(1));
   }
   if (a.topk_indices.data_handle() != nullptr && a.topk_indices.extent(1) > 0) {
-    p.roles = 3;
     p.topk = rows_of<std::int32_t>(a.topk_indices);
     p.topk_k = a.topk_indices.extent(1);
   }
@@ -754,20 +924,28 @@ void fused_prologue(const PrologueArgs<KvCacheView>& args, cudaStream_t stream) 
   d::validate_extents(args);
   const std::int64_t T = args.q_c.extent(0);
   if (T == 0) return;
-  const d::Params<format> params = d::make_params<format>(args);
+  d::Params<format> params = d::make_params<format>(args);
 
   int device = 0, sms = 0;
   DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
   DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // Rows per block: 1 while the batch is small (T = 64 decode: every row gets its own blocks), up
-  // to T / (kWaves x resident blocks) for large batches. Residency is taken from the register cap
-  // (at least kMinBlocksPerSm blocks per SM) rather than queried: no runtime call that a graph
-  // capture could object to.
-  const std::int64_t resident = std::int64_t(sms) * d::kMinBlocksPerSm;
-  const std::int64_t row_blocks =
-      std::min<std::int64_t>(T, std::max<std::int64_t>(1, d::kWaves * resident / params.roles));
-  const dim3 grid(unsigned(row_blocks * params.roles));
-  d::fused_prologue_kernel<format><<<grid, d::kThreads, 0, stream>>>(params);
+  // Residency is taken from the register cap (at least kMinBlocksPerSm blocks of kThreads per SM)
+  // rather than queried: no runtime call that a graph capture could object to.
+  const std::int64_t resident_blocks = std::int64_t(sms) * d::kMinBlocksPerSm;
+  const std::int64_t resident_warps = resident_blocks * d::kBlockWarps;
+  // Three warps per row while they all fit at once (decode), else one warp per row.
+  params.split = 3 * T <= resident_warps;
+  const std::int64_t tasks = params.split ? 3 * T : T;
+  // Small batches: fewer warps per block, so that the blocks spread over all the SMs.
+  const std::int64_t block_warps =
+      std::clamp<std::int64_t>((tasks + sms - 1) / sms, 1, d::kBlockWarps);
+  const std::int64_t blocks = std::min<std::int64_t>(
+      (tasks + block_warps - 1) / block_warps, resident_blocks * (d::kBlockWarps / block_warps));
+  const dim3 grid{unsigned(blocks)}, block{unsigned(32 * block_warps)};
+  if (d::all_vec(params))
+    d::fused_prologue_kernel<format, true><<<grid, block, 0, stream>>>(params);
+  else
+    d::fused_prologue_kernel<format, false><<<grid, block, 0, stream>>>(params);
   DCPATTN_CUDA_CHECK(cudaGetLastError());
 }
 
