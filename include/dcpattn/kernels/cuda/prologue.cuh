@@ -776,50 +776,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 
 // ---- host side ----
 
-/// The extent checks of host::detail::validate_prologue, i.e. everything that can be checked
-/// without reading device memory (slot and position VALUES are left to the kernel, which skips a
+/// host::detail::validate_prologue_extents, i.e. everything that can be checked without reading
+/// device memory (slot and position VALUES are left to the kernel, which skips a
 /// row's cache writes when they are out of range), plus non-null data for the required views.
 template <class KvCacheView>
 void validate_extents(const PrologueArgs<KvCacheView>& a) {
-  using host::detail::require_1d;
-  using host::detail::require_2d;
+  host::detail::validate_prologue_extents(a);
   const std::int64_t T = a.q_c.extent(0);
-  require_2d(a.q_c, T, kMlaQLoraRank, "q_c");
-  require_2d(a.q_c_out, T, kMlaQLoraRank, "q_c_out");
-  require_1d(a.q_norm_weight, kMlaQLoraRank, "q_norm_weight");
-  require_2d(a.kv_c, T, kMlaLatentDim, "kv_c");
-  require_1d(a.kv_norm_weight, kMlaLatentDim, "kv_norm_weight");
-  require_2d(a.k_pe, T, kMlaRopeDim, "k_pe");
-  require_1d(a.positions, T, "positions");
-  require_1d(a.slot_mapping, T, "slot_mapping");
-  DCPATTN_REQUIRE(a.cos_sin_cache.extent(1) == kMlaRopeDim,
-                  "cos_sin_cache must have " + std::to_string(kMlaRopeDim) +
-                      " columns (32 cos, 32 sin), got " +
-                      std::to_string(a.cos_sin_cache.extent(1)));
-  validate_mla_cache(a.kv_cache, "kv_cache");
-  DCPATTN_REQUIRE(a.rms_norm_eps >= 0.0f, "rms_norm_eps must be >= 0");
-  DCPATTN_REQUIRE(a.layer_norm_eps >= 0.0f, "layer_norm_eps must be >= 0");
-
   const bool indexer = a.index_k.data_handle() != nullptr;
-  if (indexer) {
-    require_2d(a.index_k, T, kIndexerHeadDim, "index_k");
-    require_1d(a.index_k_norm_weight, kIndexerHeadDim, "index_k_norm_weight");
-    DCPATTN_REQUIRE(a.index_k_norm_weight.data_handle() != nullptr,
-                    "index_k_norm_weight is required with index_k");
-    if (a.index_k_norm_bias.data_handle() != nullptr)
-      require_1d(a.index_k_norm_bias, kIndexerHeadDim, "index_k_norm_bias");
-    DCPATTN_REQUIRE(a.index_k_cache.data_handle() != nullptr,
-                    "index_k_cache is required with index_k");
-    DCPATTN_REQUIRE(a.index_k_cache.extent(1) > 0 &&
-                        a.index_k_cache.extent(1) % IndexerKCacheLayout::bytes_per_token == 0,
-                    "index_k_cache must have page_size * " +
-                        std::to_string(IndexerKCacheLayout::bytes_per_token) +
-                        " bytes per page, got " + std::to_string(a.index_k_cache.extent(1)));
-  }
-  if (a.topk_indices.data_handle() != nullptr)
-    DCPATTN_REQUIRE(a.topk_indices.extent(0) == T, "topk_indices must have " + std::to_string(T) +
-                                                       " rows, got " +
-                                                       std::to_string(a.topk_indices.extent(0)));
   if (T > 0) {
     auto require_data = [](const void* p, const char* name) {
       DCPATTN_REQUIRE(p != nullptr, std::string(name) + " has no data (null pointer)");

@@ -105,8 +105,9 @@ void require_1d(const V& v, std::int64_t n, const char* name) {
                                         " entries, got " + std::to_string(v.extent(0)));
 }
 
+/// The checks that read only extents (no tensor data): shared with the CUDA launcher.
 template <class KvCacheView>
-void validate_prologue(const PrologueArgs<KvCacheView>& a) {
+void validate_prologue_extents(const PrologueArgs<KvCacheView>& a) {
   const std::int64_t T = a.q_c.extent(0);
   require_2d(a.q_c, T, kMlaQLoraRank, "q_c");
   require_2d(a.q_c_out, T, kMlaQLoraRank, "q_c_out");
@@ -125,7 +126,6 @@ void validate_prologue(const PrologueArgs<KvCacheView>& a) {
   DCPATTN_REQUIRE(a.layer_norm_eps >= 0.0f, "layer_norm_eps must be >= 0");
 
   const bool indexer = a.index_k.data_handle() != nullptr;
-  std::int64_t index_page_size = 0;
   if (indexer) {
     require_2d(a.index_k, T, kIndexerHeadDim, "index_k");
     require_1d(a.index_k_norm_weight, kIndexerHeadDim, "index_k_norm_weight");
@@ -140,13 +140,20 @@ void validate_prologue(const PrologueArgs<KvCacheView>& a) {
                     "index_k_cache must have page_size * " +
                         std::to_string(IndexerKCacheLayout::bytes_per_token) +
                         " bytes per page, got " + std::to_string(a.index_k_cache.extent(1)));
-    index_page_size = IndexerKCacheLayout::page_size(a.index_k_cache.extent(1));
   }
   if (a.topk_indices.data_handle() != nullptr)
     DCPATTN_REQUIRE(a.topk_indices.extent(0) == T, "topk_indices must have " + std::to_string(T) +
                                                        " rows, got " +
                                                        std::to_string(a.topk_indices.extent(0)));
+}
 
+template <class KvCacheView>
+void validate_prologue(const PrologueArgs<KvCacheView>& a) {
+  validate_prologue_extents(a);
+  const std::int64_t T = a.q_c.extent(0);
+  const bool indexer = a.index_k.data_handle() != nullptr;
+  const std::int64_t index_page_size =
+      indexer ? IndexerKCacheLayout::page_size(a.index_k_cache.extent(1)) : 0;
   const std::int64_t num_slots = a.kv_cache.extent(0);
   for (std::int64_t t = 0; t < T; ++t) {
     const std::int64_t slot = a.slot_mapping(t);
