@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/numeric_ref.hpp"
 
 #include "dcpattn/core/fp8_cache.hpp"
 #include "dcpattn/core/numeric.hpp"
@@ -20,27 +21,12 @@
 namespace {
 
 using dcpattn::bfloat16;
+using dcpattn::test::store;
+using dcpattn::test::value;
 using dcpattn::DsMlaFp8Entry;
 
 constexpr long double kEps = 0x1p-24L;  // unit roundoff of fp32
 
-long double value(float f) {
-  return f;
-}
-long double value(bfloat16 b) {
-  const std::uint32_t u = std::uint32_t(b.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-template <class T>
-T store(float f) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    return bfloat16::from_float(f);
-  } else {
-    return f;
-  }
-}
 
 /// e4m3 value of a code, from the format: bias 7, 3 mantissa bits, subnormals m 2^-9, S.1111.111
 /// NaN.

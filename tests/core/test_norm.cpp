@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/numeric_ref.hpp"
 
 #include "dcpattn/core/norm.hpp"
 #include "dcpattn/core/numeric.hpp"
@@ -18,28 +19,13 @@
 namespace {
 
 using dcpattn::bfloat16;
+using dcpattn::test::store;
+using dcpattn::test::value;
 
 constexpr long double kEps = 0x1p-24L;   // unit roundoff of fp32
 constexpr long double kEpsBf = 0x1p-8L;  // unit roundoff of bfloat16 (8 significant bits)
 constexpr int kSizes[] = {1, 7, 512, 1536};
 
-template <class T>
-T store(float f) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    return bfloat16::from_float(f);
-  } else {
-    return f;
-  }
-}
-long double value(float f) {
-  return f;
-}
-long double value(bfloat16 b) {
-  std::uint32_t u = std::uint32_t(b.bits) << 16;  // a bfloat16 is the top half of a float
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 template <class T>
 constexpr long double out_roundoff() {
   return std::is_same_v<T, bfloat16> ? kEpsBf : 0.0L;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/numeric_ref.hpp"
 
 #include "dcpattn/core/numeric.hpp"
 #include "dcpattn/core/rope.hpp"
@@ -19,29 +20,14 @@
 namespace {
 
 using dcpattn::bfloat16;
+using dcpattn::test::store;
+using dcpattn::test::value;
 using dcpattn::RopeStyle;
 
 constexpr long double kEps = 0x1p-24L;   // unit roundoff of fp32
 constexpr long double kEpsBf = 0x1p-8L;  // unit roundoff of bfloat16
 constexpr int kD = 64;                   // qk_rope_head_dim of the reference models
 
-long double value(float f) {
-  return f;
-}
-long double value(bfloat16 b) {
-  const std::uint32_t u = std::uint32_t(b.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-template <class T>
-T store(float f) {
-  if constexpr (std::is_same_v<T, bfloat16>) {
-    return bfloat16::from_float(f);
-  } else {
-    return f;
-  }
-}
 
 /// The pairs of a row of d rotary dims, written out for each layout.
 void pairs_of(RopeStyle style, int d, std::vector<int>& first, std::vector<int>& second) {
