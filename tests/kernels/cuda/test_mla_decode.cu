@@ -41,6 +41,19 @@
 #include "dcpattn/ownership/round_robin.hpp"
 
 namespace {
+/// Runs the enclosing test case once per MLA kernel: the warpgroup kernel (what a compute
+/// capability 9.x device selects) and the mma.sync kernel (what 8.x devices run).
+struct KernelChoice {
+  explicit KernelChoice(bool mma_sync) {
+    dcpattn::cuda_kernels::detail::mla::force_mma_sync_kernel.store(mma_sync);
+  }
+  ~KernelChoice() { dcpattn::cuda_kernels::detail::mla::force_mma_sync_kernel.store(false); }
+  KernelChoice(const KernelChoice&) = delete;
+  KernelChoice& operator=(const KernelChoice&) = delete;
+};
+}  // namespace
+
+namespace {
 
 using dcpattn::bfloat16;
 using dcpattn::CacheFormat;
@@ -722,6 +735,9 @@ const char* format_name(CacheFormat f) {
 
 TEST_CASE("CUDA dense MLA decode matches the host kernel and double-precision attention",
           "[cuda][mla][dense]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   std::mt19937_64 rng(20260301);
   const std::vector<std::int64_t> lengths{0, 1, 63, 64, 65, 1000};
   const DenseCase dc = make_dense_case(lengths, 2, rng);
@@ -774,6 +790,9 @@ TEST_CASE("CUDA dense MLA decode matches the host kernel and double-precision at
 
 TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision attention",
           "[cuda][mla][sparse]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   std::mt19937_64 rng(99);
   const std::vector<std::int64_t> lengths{0, 1, 63, 64, 65, 1000};
   const DenseCase dc = make_dense_case(lengths, 1, rng);
@@ -828,6 +847,9 @@ TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision a
 
 TEST_CASE("CUDA MLA decode gives the same bits for every query and cache layout",
           "[cuda][mla][layout]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   // The arithmetic reads q and the cache through shared memory, so the layout (strided, rank-major
   // gathered, unaligned rows on the scalar path, float q rounded to bf16, padded cache rows on the
   // scalar load path) must not change a single bit.
@@ -888,6 +910,9 @@ TEST_CASE("CUDA MLA decode gives the same bits for every query and cache layout"
 
 TEST_CASE("CUDA MLA decode skips bad page ids, requests and lengths without reading them",
           "[cuda][mla][bounds]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   std::mt19937_64 rng(77);
   const int page = 64;
   // req 0: 256 tokens (4 pages), req 1: 128 tokens (2 pages).
@@ -1080,6 +1105,9 @@ void check_host_merge_close(const Out& host_merged, const Out& one, std::int64_t
 
 TEST_CASE("CUDA dense MLA decode: N ranks with V/N splits merge bitwise to one rank with V splits",
           "[cuda][mla][dense][invariance]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   std::mt19937_64 rng(7);
   // Lengths around tile, block and span boundaries: V I = 8 (I = 1) and 512 (I = 64), tiles of 64.
   const std::vector<std::int64_t> lengths{0, 1, 5, 63, 64, 65, 515, 1100};
@@ -1149,6 +1177,9 @@ TEST_CASE("CUDA dense MLA decode: N ranks with V/N splits merge bitwise to one r
 
 TEST_CASE("CUDA sparse MLA decode: N ranks with V/N splits merge bitwise to one rank with V splits",
           "[cuda][mla][sparse][invariance]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   std::mt19937_64 rng(1234);
   const std::vector<std::int64_t> lengths{0, 1, 70, 600, 1100};
   const DenseCase dc = make_dense_case(lengths, 1, rng);
@@ -1212,6 +1243,9 @@ TEST_CASE("CUDA sparse MLA decode: N ranks with V/N splits merge bitwise to one 
 }
 
 TEST_CASE("CUDA MLA decode replays bitwise from a captured CUDA graph", "[cuda][mla][graph]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   std::mt19937_64 rng(31);
   const DenseCase dc = make_dense_case({1, 70, 200}, 1, rng);
   const std::int64_t T = std::int64_t(dc.rows.request.size()), H = 16;
@@ -1282,6 +1316,9 @@ bool has(const std::string& s, const std::string& sub) {
 }  // namespace
 
 TEST_CASE("CUDA MLA decode refuses bad arguments before launching", "[cuda][mla][errors]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   std::mt19937_64 rng(5);
   const DenseCase dc = make_dense_case({10, 20}, 1, rng);
   const std::int64_t T = std::int64_t(dc.rows.request.size()), H = 4;

@@ -72,6 +72,8 @@
 #include <type_traits>
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <cuda/std/limits>
 #include <cuda/std/mdspan>
@@ -716,6 +718,598 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
+// Warpgroup kernel (sm_90a: wgmma), mla_wg_kernel. The same contract as mla_split_kernel (splits,
+// tiles of 64 split tokens, neutral states, data-dependent checks); the arithmetic differs only
+// in the tensor-core instruction, so the two kernels' results are close, not bitwise equal, and
+// a program uses one of them on a given device (compute capability 9.x: this one).
+//
+//   - one CTA of two warpgroups per (row, split, block of 64 heads): the wgmma M dimension is
+//     the 64 heads; missing heads are zero rows that are never written back;
+//   - shared memory in the 128-byte-swizzled K-major layout the tensor cores read directly:
+//     a 64-row tile of 576 bf16 is 9 column blocks of 64 dims, each 64 rows x 128 bytes with
+//     16-byte chunk c of row r at chunk c ^ (r mod 8); Q block, K/V tiles, P (64 x 64 bf16);
+//   - bf16 cache: two K/V stages; the tile after the current one is copied (cp.async, 16 B,
+//     zero-filled for missing tokens) while the current one is computed; fp8 cache: one stage
+//     of raw 656-byte entries copied the same way, dequantized into the single K/V stage;
+//   - S = Q K^T: warpgroup g computes the 64 heads x tokens [32 g, 32 g + 32) of the tile with
+//     wgmma m64n32k16 (36 k-steps in order, fp32 accumulators);
+//   - online softmax in registers (each thread holds 2 head rows x 8 tokens), the row maximum
+//     exchanged between the warpgroups through shared memory, exp/log as expf/logf; P rounded
+//     to bf16 into shared memory; each warpgroup keeps the row sum of its own 32 tokens, and
+//     the two sums are added (warpgroup 0's first) at the end;
+//   - O += P V: warpgroup g owns value dims [256 g, 256 g + 256) (wgmma m64n256k16, V read in
+//     place from the K/V tile as an MN-major operand; 128 fp32 accumulators per thread);
+//   - the state o = acc / l, lse = m + logf(l) goes to scratch or straight to o/lse as before.
+// Every reduction has a fixed shape and order and nothing depends on S, the split index, N, T
+// or the grid, so the DCP invariance argument of the file comment holds for this kernel too.
+
+// The wgmma instructions exist only in the sm_90a target. Any other compute-capability-9.x
+// target (plain sm_90) cannot run this kernel, and a device of that capability would select it:
+// refuse that build instead of trapping at run time.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DCPATTN_MLA_WGMMA 1
+#else
+#error "dcpattn: the MLA decode kernels need the sm_90a target on compute capability 9.0 (CMAKE_CUDA_ARCHITECTURES=90a, or -gencode arch=compute_90a,code=sm_90a), not sm_90"
+#endif
+#endif
+
+/// True for views whose elements can be addressed as data_handle() + strides (no custom accessor).
+template <class View>
+inline constexpr bool is_plain_strided_device_v =
+    View::mapping_type::is_always_strided() &&
+    std::is_same_v<typename View::accessor_type,
+                   cuda::std::default_accessor<typename View::element_type>>;
+
+namespace wg {
+inline constexpr int kThreads = 256;                  // two warpgroups
+inline constexpr int kHeads = 64;                     // heads per CTA: the wgmma M
+inline constexpr int kBlock = kTileTokens * 128;      // one 64-dim column block (8 KiB)
+inline constexpr int kDimBlocks = kMlaQkDim / 64;     // 9
+inline constexpr int kTile = kDimBlocks * kBlock;     // a Q block or a K/V tile: 73,728 bytes
+inline constexpr int kRawEntry = DsMlaFp8Entry::bytes;  // 656 = 41 x 16
+inline constexpr int kRing = 256;    // sparse: gathered list entries (slots)
+inline constexpr int kGather = 128;  // sparse: list entries examined per gather round
+static_assert(kRing >= kTileTokens + kGather && (kRing & (kRing - 1)) == 0,
+              "dcpattn: the sparse ring must hold a tile plus one gather round");
+static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byte chunks");
+
+/// Byte offsets of mla_wg_kernel's dynamic shared memory; every swizzled region is 1024-aligned.
+template <bool kFp8>
+struct Smem {
+  static constexpr int stages = kFp8 ? 1 : 2;
+  static constexpr std::size_t q = 0;
+  static constexpr std::size_t k = q + kTile;
+  static constexpr std::size_t raw = k + std::size_t(stages) * kTile;
+  static constexpr std::size_t p = raw + (kFp8 ? std::size_t(kTileTokens) * kRawEntry : 0);
+  static constexpr std::size_t slot = p + std::size_t(kHeads) * 128;  // int32 [2][64]
+  static constexpr std::size_t xrow = slot + 2 * kTileTokens * 4;     // float [2][64]
+  static constexpr std::size_t ring = xrow + 2 * kHeads * 4;          // int32 [kRing]
+  static constexpr std::size_t wsum = ring + kRing * 4;               // int [8]
+  static constexpr std::size_t bytes = wsum + 8 * 4;
+  static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
+  static_assert(bytes <= 232448, "dcpattn: over the 227 KiB shared-memory limit of sm_90");
+};
+
+/// Offset of 16-byte chunk c (0..71) of row r (0..63) in a swizzled 64 x 576 tile.
+DCPATTN_DEVICE std::uint32_t tile_offset(int r, int c) {
+  return std::uint32_t((c >> 3) * kBlock + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+/// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+/// byte offsets (PTX ISA, "Matrix Descriptor Format").
+DCPATTN_DEVICE std::uint64_t gmma_desc(std::uint32_t addr, std::uint32_t lbo, std::uint32_t sbo) {
+  return std::uint64_t((addr & 0x3FFFFu) >> 4) | (std::uint64_t(lbo >> 4) << 16) |
+         (std::uint64_t(sbo >> 4) << 32) | (std::uint64_t(1) << 62);
+}
+
+DCPATTN_DEVICE void wgmma_fence() {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+DCPATTN_DEVICE void wgmma_commit() {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+DCPATTN_DEVICE void wgmma_wait_all() {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+/// Makes this thread's generic-proxy shared-memory writes (ordinary stores and completed
+/// cp.async copies) visible to the tensor cores' async proxy; a barrier must follow.
+DCPATTN_DEVICE void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/// cp.async of 16 bytes, zero-filled (nothing read) when !valid.
+DCPATTN_DEVICE void cp_async_16z(std::uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+}
+DCPATTN_DEVICE void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+DCPATTN_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+DCPATTN_DEVICE void wgmma_m64n32_qk(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
+                            int accumulate) {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+  (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+  __trap();
+#endif
+}
+DCPATTN_DEVICE void wgmma_m64n256_pv(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
+                            int accumulate) {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+  (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+  __trap();
+#endif
+}
+
+/// bf16(lo) | bf16(hi) << 16, both rounded to nearest even (__float2bfloat16_rn), one instruction.
+DCPATTN_DEVICE std::uint32_t cvt_bf16x2_rn(float lo, float hi) {
+  std::uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source: high half
+  return r;
+}
+
+/// 16 zero bytes at a shared-memory address.
+DCPATTN_DEVICE void zero16(unsigned char* dst) {
+  *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+}
+
+/// Query rows [h0, h0 + 64) of token t into the swizzled Q block; rows >= heads are zero.
+DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
+                           int tid) {
+  constexpr int kChunks = kMlaQkDim / 8;  // 72
+  for (int i = tid; i < kHeads * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int h = h0 + r;
+    unsigned char* dst = q_s + tile_offset(r, c);
+    if (h >= heads) {
+      zero16(dst);
+      continue;
+    }
+    const bfloat16* src =
+        q.data + t * q.st + (h / q.hl) * q.sr + (h % q.hl) * q.sh + std::int64_t(c) * 8 * q.sd;
+    if (q.sd == 1 && (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0) {
+      cp_async_16z(smem_u32(dst), src, true);
+    } else {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        w[e] = pack_bf16(src[(2 * e) * q.sd].bits, src[(2 * e + 1) * q.sd].bits);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+template <class QView>
+DCPATTN_DEVICE void load_q(const GenericQ<QView>& q, std::int64_t t, int h0, int heads,
+                           unsigned char* q_s, int tid) {
+  for (int i = tid; i < kHeads * kMlaQkDim; i += kThreads) {
+    const int r = i / kMlaQkDim, d = i % kMlaQkDim;
+    const int h = h0 + r;
+    std::uint16_t bits = 0;
+    if (h < heads) bits = bf16_bits_of(q.q(t, std::int64_t(h), std::int64_t(d)));
+    *reinterpret_cast<std::uint16_t*>(q_s + tile_offset(r, d / 8) + (d % 8) * 2) = bits;
+  }
+}
+
+/// Starts the copy of a bf16 tile's keys (slot < 0: zero rows) into stage k_s: cp.async on the
+/// vector path, else ordinary element reads through the view (both formats; complete on return).
+template <class CacheView>
+DCPATTN_DEVICE void load_tile_direct(const CacheView& cache, bool vector_path, const int* slot_s,
+                                     unsigned char* k_s, int tid) {
+  constexpr CacheFormat kFormat = mla_cache_format_v<CacheView>;
+  if constexpr (is_plain_strided_device_v<CacheView> && kFormat == CacheFormat::bf16) {
+    if (vector_path) {
+      constexpr int kChunks = kMlaQkDim / 8;  // 72
+      const bfloat16* base = cache.data_handle();
+      const std::int64_t stride = cache.stride(0);
+      for (int i = tid; i < kTileTokens * kChunks; i += kThreads) {
+        const int tok = i / kChunks, c = i % kChunks;
+        const int slot = slot_s[tok];
+        const bfloat16* src = slot >= 0 ? base + std::int64_t(slot) * stride + c * 8 : base;
+        cp_async_16z(smem_u32(k_s + tile_offset(tok, c)), src, slot >= 0);
+      }
+      return;
+    }
+  }
+  for (int i = tid; i < kTileTokens * kMlaQkDim; i += kThreads) {
+    const int tok = i / kMlaQkDim, d = i % kMlaQkDim;
+    const int slot = slot_s[tok];
+    const bfloat16 v = bfloat16::from_float(slot < 0 ? 0.0f : mla_key(cache, slot, d));
+    *reinterpret_cast<std::uint16_t*>(k_s + tile_offset(tok, d / 8) + (d % 8) * 2) = v.bits;
+  }
+}
+
+/// Starts the cp.async copy of a tile's raw ds_mla entries (slot < 0: zeros) into raw_s.
+template <class CacheView>
+DCPATTN_DEVICE void load_tile_raw(const CacheView& cache, const int* slot_s, unsigned char* raw_s,
+                                  int tid) {
+  constexpr int kChunks = kRawEntry / 16;  // 41
+  const std::uint8_t* base = cache.data_handle();
+  const std::int64_t stride = cache.stride(0);
+  for (int i = tid; i < kTileTokens * kChunks; i += kThreads) {
+    const int tok = i / kChunks, c = i % kChunks;
+    const int slot = slot_s[tok];
+    const std::uint8_t* src = slot >= 0 ? base + std::int64_t(slot) * stride + c * 16 : base;
+    cp_async_16z(smem_u32(raw_s + tok * kRawEntry + c * 16), src, slot >= 0);
+  }
+}
+
+/// Dequantizes the raw entries of a tile into the swizzled K/V stage: e4m3 code * group scale,
+/// rounded to bf16 (the arithmetic of mla_split_kernel); the RoPE part is copied. A zero-filled
+/// entry (no token) gives a zero row.
+DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int tid) {
+  constexpr int kItems = DsMlaFp8Entry::latent_dim / 16 + DsMlaFp8Entry::rope_dim / 8;  // 40
+  for (int i = tid; i < kTileTokens * kItems; i += kThreads) {
+    const int tok = i / kItems, c = i % kItems;
+    const unsigned char* e = raw_s + tok * kRawEntry;
+    if (c < 32) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(e + c * 16);
+      const float scale = *reinterpret_cast<const float*>(
+          e + DsMlaFp8Entry::scales_offset + 4 * (c * 16 / DsMlaFp8Entry::group_size));
+      const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      std::uint32_t out[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        // Hardware e4m3x2 -> f16x2 -> f32 (exact: e4m3 values are f16 values), then the same
+        // fp32 product and round-to-nearest bf16 as fp8_e4m3::decode(code) * scale.
+        const std::uint32_t two = (words[k / 2] >> ((k % 2) * 16)) & 0xffffu;
+        const float2 f = __half22float2(
+            __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3)));
+        out[k] = cvt_bf16x2_rn(f.x * scale, f.y * scale);
+      }
+      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * c)) =
+          make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * c + 1)) =
+          make_uint4(out[4], out[5], out[6], out[7]);
+    } else {
+      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 64 + (c - 32))) =
+          *reinterpret_cast<const uint4*>(e + DsMlaFp8Entry::rope_offset + (c - 32) * 16);
+    }
+  }
+}
+
+/// One (row, split, head block) partial state; see the section comment. 1-D grid, head block
+/// fastest (the CTAs reading the same tiles run side by side), then split, then row.
+template <bool kSparse, class QSrc, class CacheView, class Own>
+__global__ void __launch_bounds__(kThreads, 1)
+    mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
+  constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
+  constexpr bool kRawPath = kFp8 && is_plain_strided_device_v<CacheView>;
+  using L = Smem<kFp8>;
+  constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  unsigned char* q_s = smem + L::q;
+  unsigned char* raw_s = smem + L::raw;
+  unsigned char* p_s = smem + L::p;
+  int* slot_s = reinterpret_cast<int*>(smem + L::slot);  // [2][64]
+  float* xrow = reinterpret_cast<float*>(smem + L::xrow);  // [2][64]
+  int* ring_s = reinterpret_cast<int*>(smem + L::ring);
+  int* wsum_s = reinterpret_cast<int*>(smem + L::wsum);
+
+  const int tid = int(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = warp >> 2;   // warpgroup: tokens [32 g, +32) of S, value dims [256 g, +256) of O
+  const int wq = warp & 3;   // warp in the warpgroup: head rows [16 wq, +16)
+  const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;
+  const int head_blocks = (a.heads + kHeads - 1) / kHeads;
+  const int S = a.num_splits;
+  const int hb = int(blockIdx.x % unsigned(head_blocks));
+  const int j = int((blockIdx.x / unsigned(head_blocks)) % unsigned(S));
+  const std::int64_t t = std::int64_t(blockIdx.x / unsigned(head_blocks) / unsigned(S));
+  const int h0 = hb * kHeads;
+
+  if (t >= a.num_valid_rows) {
+    // Padding row: nothing of it is read. With S > 1 the merge kernel writes its neutral state.
+    if (S == 1) {
+      for (int i = tid; i < kHeads * kMlaVDim; i += kThreads) {
+        const int h = h0 + i / kMlaVDim;
+        if (h < a.heads) a.o(t, std::int64_t(h), std::int64_t(i % kMlaVDim)) = 0.0f;
+      }
+      for (int i = tid; i < kHeads; i += kThreads)
+        if (h0 + i < a.heads) a.lse(t, std::int64_t(h0 + i)) = kNegInf;
+    }
+    return;
+  }
+
+  // Row parameters (uniform over the CTA).
+  const std::int32_t req = a.row_request(t);
+  const bool req_ok = req >= 0 && std::int64_t(req) < a.block_table.extent(0);
+  std::int64_t n = 0;                       // dense: tokens of this split
+  [[maybe_unused]] std::int64_t bound = 0;  // sparse: the row's global causal bound
+  std::int64_t list = 0;                    // sparse: top-k entries to scan
+  if constexpr (!kSparse) {
+    const std::int64_t len = a.row_local_length(t);
+    if (req_ok && len > 0) n = mla_split_length(len, j, S, a.interleave);
+  } else {
+    bound = a.row_bound(t);
+    if (req_ok && bound > 0) list = a.topk.extent(1);
+  }
+
+  // Slots of the next tile's split tokens into slot_s[buf] (-1: no token / skipped); false when
+  // the split has no more tokens. Uniform over the CTA; ends with a barrier.
+  [[maybe_unused]] std::int64_t k0 = 0;                          // dense: next split token
+  [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
+  auto next_tile = [&](int buf) -> bool {
+    int* slots = slot_s + buf * kTileTokens;
+    if constexpr (!kSparse) {
+      const int n_tile = int(n - k0 < kTileTokens ? n - k0 : kTileTokens);
+      if (n_tile <= 0) return false;
+      if (tid < kTileTokens) {
+        std::int64_t slot = -1;
+        if (tid < n_tile)
+          slot = checked_slot(a, req, mla_split_position(k0 + tid, j, S, a.interleave));
+        slots[tid] = int(slot);
+      }
+      k0 += kTileTokens;
+    } else {
+      // Gather the split's entries in list order until a tile is full or the list is done.
+      while (tail - head < kTileTokens && cursor < list) {
+        const std::int64_t idx = cursor + tid;
+        std::int64_t slot = -1;
+        if (tid < kGather && idx < list) {
+          const std::int64_t gpos = a.topk(t, idx);
+          if (gpos >= 0 && gpos < bound && int(a.own.owner(gpos)) == a.rank) {
+            const std::int64_t pos = std::int64_t(a.own.local_position(gpos));
+            if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
+              slot = checked_slot(a, req, pos);
+          }
+        }
+        const bool take = slot >= 0;
+        const unsigned ballot = __ballot_sync(kFullMask, take);
+        if (lane == 0) wsum_s[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) {
+          const int c = wsum_s[w];
+          before += w < warp ? c : 0;
+          total += c;
+        }
+        if (take)
+          ring_s[(tail + before + __popc(ballot & ((1u << lane) - 1u))) & (kRing - 1)] = int(slot);
+        tail += total;
+        cursor += kGather;
+        __syncthreads();  // ring entries visible; wsum_s free for the next round
+      }
+      const int n_tile = int(tail - head < kTileTokens ? tail - head : kTileTokens);
+      if (n_tile == 0) return false;
+      if (tid < kTileTokens) slots[tid] = tid < n_tile ? ring_s[(head + tid) & (kRing - 1)] : -1;
+      head += n_tile;
+    }
+    __syncthreads();  // slots visible
+    return true;
+  };
+  auto stage = [&](int s) { return smem + L::k + std::size_t(s) * kTile; };
+
+  // Softmax state of head rows r0 and r1 (replicated in the 4 threads of a row quad and in both
+  // warpgroups); l_* is this warpgroup's share of the row sum.
+  float m_0 = kNegInf, m_1 = kNegInf, l_0 = 0.0f, l_1 = 0.0f;
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+
+  bool have = (kSparse ? list > 0 : n > 0) && next_tile(0);
+  if (have) {
+    load_q(a.q, t, h0, a.heads, q_s, tid);
+    if constexpr (kRawPath) {
+      if (a.cache_vector) load_tile_raw(a.cache, slot_s, raw_s, tid);
+    } else if constexpr (!kFp8) {
+      load_tile_direct(a.cache, a.cache_vector, slot_s, stage(0), tid);
+    }
+    cp_async_commit();
+  }
+  for (int it = 0; have; ++it) {
+    const int cur = it & 1;
+    const bool have_next = next_tile(cur ^ 1);
+    unsigned char* k_s = stage(kFp8 ? 0 : cur);
+    if constexpr (!kFp8) {
+      if (have_next) load_tile_direct(a.cache, a.cache_vector, slot_s + (cur ^ 1) * kTileTokens,
+                                      stage(cur ^ 1), tid);
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's copies (and the query's) are done; the next in flight
+    } else {
+      cp_async_wait<0>();
+      __syncthreads();  // the raw entries of every thread visible
+      if (kRawPath && a.cache_vector)
+        dequant_tile(raw_s, k_s, tid);
+      else
+        load_tile_direct(a.cache, a.cache_vector, slot_s + cur * kTileTokens, k_s, tid);
+      __syncthreads();  // raw_s free
+      if constexpr (kRawPath) {
+        if (have_next && a.cache_vector)
+          load_tile_raw(a.cache, slot_s + (cur ^ 1) * kTileTokens, raw_s, tid);
+      }
+      cp_async_commit();
+    }
+    fence_proxy_async();
+    __syncthreads();  // Q and the K/V tile complete and visible to the tensor cores
+
+    // --- S = Q K^T for tokens [32 g, 32 g + 32).
+    float s[16];
+    const std::uint32_t qa = smem_u32(q_s);
+    const std::uint32_t ka = smem_u32(k_s) + std::uint32_t(g * 32 * 128);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
+      const std::uint32_t off = std::uint32_t((ks >> 2) * kBlock + (ks & 3) * 32);
+      wgmma_m64n32_qk(s, gmma_desc(qa + off, 16, 1024), gmma_desc(ka + off, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+
+    // --- Online softmax in registers.
+    const int* slots = slot_s + cur * kTileTokens;
+    float mx0 = kNegInf, mx1 = kNegInf;
+#pragma unroll
+    for (int jn = 0; jn < 4; ++jn) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool valid = slots[32 * g + 8 * jn + 2 * (lane & 3) + e] >= 0;
+        s[4 * jn + e] = valid ? a.softmax_scale * s[4 * jn + e] : kNegInf;
+        s[4 * jn + 2 + e] = valid ? a.softmax_scale * s[4 * jn + 2 + e] : kNegInf;
+        mx0 = fmaxf(mx0, s[4 * jn + e]);
+        mx1 = fmaxf(mx1, s[4 * jn + 2 + e]);
+      }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
+    if ((lane & 3) == 0) {
+      xrow[g * kHeads + r0] = mx0;
+      xrow[g * kHeads + r1] = mx1;
+    }
+    __syncthreads();
+    const float mn0 = fmaxf(m_0, fmaxf(xrow[r0], xrow[kHeads + r0]));
+    const float mn1 = fmaxf(m_1, fmaxf(xrow[r1], xrow[kHeads + r1]));
+    // mn = -inf: nothing valid so far; keep l = 0 and o = 0 (alpha 1 avoids -inf - -inf).
+    const float al0 = mn0 == kNegInf ? 1.0f : expf(m_0 - mn0);
+    const float al1 = mn1 == kNegInf ? 1.0f : expf(m_1 - mn1);
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int jn = 0; jn < 4; ++jn) {
+      const float p00 = s[4 * jn] == kNegInf ? 0.0f : expf(s[4 * jn] - mn0);
+      const float p01 = s[4 * jn + 1] == kNegInf ? 0.0f : expf(s[4 * jn + 1] - mn0);
+      const float p10 = s[4 * jn + 2] == kNegInf ? 0.0f : expf(s[4 * jn + 2] - mn1);
+      const float p11 = s[4 * jn + 3] == kNegInf ? 0.0f : expf(s[4 * jn + 3] - mn1);
+      sum0 += p00;
+      sum0 += p01;
+      sum1 += p10;
+      sum1 += p11;
+      const int tok = 32 * g + 8 * jn + 2 * (lane & 3);
+      const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
+      // r1 = r0 + 8 has the same swizzle phase (r1 & 7 == r0 & 7).
+      *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) =
+          pack_bf16(__bfloat16_as_ushort(__float2bfloat16_rn(p00)),
+                    __bfloat16_as_ushort(__float2bfloat16_rn(p01)));
+      *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) =
+          pack_bf16(__bfloat16_as_ushort(__float2bfloat16_rn(p10)),
+                    __bfloat16_as_ushort(__float2bfloat16_rn(p11)));
+    }
+    // (a + b) + (c + d) on every lane: float addition is commutative, so the 4 copies agree.
+    sum0 += __shfl_xor_sync(kFullMask, sum0, 1);
+    sum0 += __shfl_xor_sync(kFullMask, sum0, 2);
+    sum1 += __shfl_xor_sync(kFullMask, sum1, 1);
+    sum1 += __shfl_xor_sync(kFullMask, sum1, 2);
+    l_0 = l_0 * al0 + sum0;
+    l_1 = l_1 * al1 + sum1;
+    m_0 = mn0;
+    m_1 = mn1;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      o[4 * i] *= al0;
+      o[4 * i + 1] *= al0;
+      o[4 * i + 2] *= al1;
+      o[4 * i + 3] *= al1;
+    }
+    fence_proxy_async();
+    __syncthreads();  // P of both warpgroups complete; xrow reads done
+
+    // --- O = alpha O + P V for value dims [256 g, 256 g + 256).
+    const std::uint32_t pa = smem_u32(p_s);
+    const std::uint32_t va = smem_u32(k_s) + std::uint32_t(4 * g * kBlock);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileTokens / 16; ++kk)
+      wgmma_m64n256_pv(o, gmma_desc(pa + kk * 32, 16, 1024),
+                       gmma_desc(va + kk * 2048, kBlock, 1024), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+    __syncthreads();  // the K/V stage, P and the tile's slots are rewritten next
+    have = have_next;
+  }
+  cp_async_wait<0>();
+
+  // --- The state: o = acc / l with l the sum of the warpgroups' shares (warpgroup 0's first),
+  // lse = m + log(l); l == 0 (no token) is the neutral state.
+  if ((lane & 3) == 0) {
+    xrow[g * kHeads + r0] = l_0;
+    xrow[g * kHeads + r1] = l_1;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = half ? r1 : r0;
+    const int h = h0 + r;
+    if (h >= a.heads) continue;
+    const float l = xrow[r] + xrow[kHeads + r];
+    const bool empty = l == 0.0f;
+    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int d = 256 * g + 8 * i + 2 * (lane & 3);
+      const float v0 = empty ? 0.0f : o[4 * i + 2 * half] / l;
+      const float v1 = empty ? 0.0f : o[4 * i + 2 * half + 1] / l;
+      if (S > 1) {
+        *reinterpret_cast<float2*>(a.scratch_o + state * kMlaVDim + d) = make_float2(v0, v1);
+      } else {
+        a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
+        a.o(t, std::int64_t(h), std::int64_t(d + 1)) = v1;
+      }
+    }
+    if (g == 0 && (lane & 3) == 0) {
+      const float lse = empty ? kNegInf : (half ? m_1 : m_0) + logf(l);
+      if (S > 1)
+        a.scratch_lse[state] = lse;
+      else
+        a.lse(t, std::int64_t(h)) = lse;
+    }
+  }
+}
+}  // namespace wg
+
+// ---------------------------------------------------------------------------------------------
 // Host side
 
 template <class View>
@@ -802,9 +1396,46 @@ inline int head_tiles_for(int heads) {
   return heads <= 16 ? 1 : 4;
 }
 
+/// The warpgroup kernel: one CTA per (row, split, 64 heads), 1-D grid.
+template <bool kSparse, class QSrc, class CacheView, class Own>
+void launch_wg(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
+  auto kernel = &wg::mla_wg_kernel<kSparse, QSrc, CacheView, Own>;
+  constexpr std::size_t smem =
+      wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla>::bytes;
+  static std::atomic<unsigned long long> configured{0};
+  int device = 0;
+  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
+  const unsigned long long bit = device < 64 ? (1ull << device) : 0ull;
+  if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
+    DCPATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured.fetch_or(bit, std::memory_order_relaxed);
+  }
+  const std::int64_t head_blocks = (args.heads + wg::kHeads - 1) / wg::kHeads;
+  const std::int64_t blocks = args.tokens * args.num_splits * head_blocks;
+  kernel<<<unsigned(blocks), wg::kThreads, smem, stream>>>(args);
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Set by the tests and benchmarks only: run mla_split_kernel (mma.sync) on every device, so that
+/// the kernel compute capability 8.x devices use is checked and measured on a 9.x device too.
+inline std::atomic<bool> force_mma_sync_kernel{false};
+
+/// True when the current device runs the warpgroup (wgmma) kernel: compute capability 9.x.
+/// Other devices (8.x) run mla_split_kernel (mma.sync).
+inline bool use_wgmma_kernel() {
+  if (force_mma_sync_kernel.load(std::memory_order_relaxed)) return false;
+  int device = 0, major = 0;
+  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
+  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major == 9;
+}
+
 template <bool kSparse, class QSrc, class CacheView, class Own>
 void launch_split(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
-  if (head_tiles_for(args.heads) == 1)
+  if (use_wgmma_kernel())
+    launch_wg<kSparse>(args, stream);
+  else if (head_tiles_for(args.heads) == 1)
     launch_split_ht<1, kSparse>(args, stream);
   else
     launch_split_ht<4, kSparse>(args, stream);
@@ -831,6 +1462,12 @@ void validate_common(const QView& q, const CacheView& cache,
   DCPATTN_REQUIRE(std::int64_t(p.num_splits) * head_blocks <= 65535,
                   "num_splits (" + std::to_string(p.num_splits) + ") times head blocks of heads (" +
                       std::to_string(h) + ") exceeds the grid limit (65535)");
+  DCPATTN_REQUIRE(t * std::int64_t(p.num_splits) * ((h + 63) / 64) <= std::int64_t(INT_MAX),
+                  "tokens (" + std::to_string(t) + ") times num_splits (" +
+                      std::to_string(p.num_splits) + ") times head blocks exceeds the grid limit");
+  DCPATTN_REQUIRE(cache.extent(0) <= std::int64_t(INT_MAX),
+                  "cache has " + std::to_string(cache.extent(0)) +
+                      " slots; the CUDA kernels address at most 2^31 - 1");
   const std::size_t need = split_state_bytes(t, h, p.num_splits);
   DCPATTN_REQUIRE(scratch.size() >= need,
                   "scratch has " + std::to_string(scratch.size()) + " bytes, but " +
@@ -897,6 +1534,24 @@ inline std::size_t mla_decode_scratch_bytes(std::int64_t max_tokens, int heads, 
                   "num_splits (" + std::to_string(num_splits) + ") must be a power of two in [1, " +
                       std::to_string(detail::mla::kMaxSplits) + "]");
   return detail::mla::split_state_bytes(max_tokens, heads, num_splits);
+}
+
+/// Fast mode's split count: the smallest power of two S (at most 64) for which `tokens` rows of
+/// `heads` heads give every one of `sm_count` multiprocessors a CTA (T x head blocks x S CTAs),
+/// without cutting a row's `attended` local tokens (its longest local length, or its top-k count)
+/// into splits of fewer than 256 tokens (4 tiles). Deterministic mode must not use this: there
+/// S = V / N is part of the numerical contract (see the file comment).
+inline int mla_decode_fast_splits(std::int64_t tokens, int heads, std::int64_t attended,
+                                  int sm_count) {
+  DCPATTN_REQUIRE(tokens >= 0 && heads >= 1 && attended >= 0 && sm_count >= 1,
+                  "mla_decode_fast_splits: tokens, attended >= 0, heads, sm_count >= 1 required");
+  const std::int64_t head_blocks = (heads + 63) / 64;  // one CTA (of one per SM) per 64 heads
+  const std::int64_t want = sm_count;
+  int s = 1;
+  while (s < detail::mla::kMaxSplits && tokens * head_blocks * s < want &&
+         attended >= std::int64_t(2 * s) * 256)
+    s *= 2;
+  return s;
 }
 
 namespace detail::mla {

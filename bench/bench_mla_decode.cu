@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+// MLA decode kernels (cuda_kernels::mla_decode_dense / mla_decode_sparse) on one GPU: median time,
+// TFLOP/s and GB/s against the device's measured copy bandwidth (the matrix rate of the same GPU
+// is measured by the PyTorch peer, bench/peers/mla_decode_peer.py, in the same run).
+//
+// Dense: batch B in {1, 8, 64, 128} x context L in {4K, 32K, 128K} x heads H in {16, 128}, bf16
+// and fp8 (ds_mla) caches, one query row per request, paged (64 tokens per page; each request's
+// pages are scattered over the cache by a fixed permutation, so no two consecutive pages of a
+// request are neighbours).
+// Sparse: H in {64, 128}, top-k 2048 distinct random positions of a 32K context, B in
+// {1, 8, 64, 128}, bf16 and fp8.
+// Splits: mla_decode_fast_splits (fast mode: as many local splits as fill the GPU at small batch);
+// the merge of the split states is part of the timed call.
+//
+// FLOPs counted: 2 * H * n * (576 + 512) per row (QK^T and PV, n attended tokens). Bytes counted:
+// the minimum any implementation moves: each attended cache entry once (1152 B bf16, 656 B fp8),
+// the queries (bf16) and the outputs (fp32 o and lse) once; the block table and top-k lists too.
+// Time: one call behind a 256 MiB L2 flush, CUDA events, median of 30 (bench_common.cuh).
+// JSON records go to argv[1] (default mla_decode.json).
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "bench_common.cuh"
+
+#include "dcpattn/kernels/cuda/mla_decode.cuh"
+#include "dcpattn/ownership/round_robin.hpp"
+
+namespace {
+
+using dcpattn::bfloat16;
+using dcpattn::CacheFormat;
+constexpr std::int64_t kPage = 64;
+
+__device__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return std::uint32_t(x);
+}
+__device__ float uniform(std::uint64_t seed, std::size_t i) {
+  return float(hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
+}
+/// Random bf16 in [-1, 1).
+__global__ void fill_bf16(bfloat16* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = bfloat16::from_float(2.0f * uniform(seed, i) - 1.0f);
+}
+/// Random ds_mla entries: finite e4m3 codes, positive group scales, bf16 RoPE values.
+__global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t seed) {
+  using E = dcpattn::DsMlaFp8Entry;
+  const std::size_t words = entries * (E::bytes / 4);
+  for (std::size_t w = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; w < words;
+       w += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t e = w / (E::bytes / 4);
+    const int off = int(w % (E::bytes / 4)) * 4;
+    std::uint32_t v = hash32(seed * 0x9e3779b97f4a7c15ull + w);
+    if (off < E::latent_dim) {
+      v &= 0xf7f7f7f7u;  // exponent below 15: finite codes of magnitude < 256
+    } else if (off < E::scales_offset + 4 * E::num_groups && off >= E::scales_offset) {
+      const float s = (1.0f + uniform(seed + 1, w)) / 448.0f;
+      v = __float_as_uint(s);
+    } else {
+      const float a = 2.0f * uniform(seed + 2, w) - 1.0f, b = 2.0f * uniform(seed + 3, w) - 1.0f;
+      v = std::uint32_t(bfloat16::from_float(a).bits) | (std::uint32_t(bfloat16::from_float(b).bits) << 16);
+    }
+    *reinterpret_cast<std::uint32_t*>(p + e * E::bytes + off) = v;
+  }
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) { DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1)); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+struct Case {
+  bool sparse;
+  CacheFormat format;
+  int batch;
+  std::int64_t context;
+  int heads;
+  int topk;  // sparse only
+};
+
+std::string format_name(CacheFormat f) { return f == CacheFormat::bf16 ? "bf16" : "fp8"; }
+
+/// Runs one case; returns false (and records nothing) when it does not fit in device memory.
+bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs, void* flush,
+              std::size_t flush_bytes, dcpattn::bench::JsonRecords& json) {
+  const int B = c.batch, H = c.heads;
+  const std::int64_t L = c.context;
+  const std::int64_t pages_per_req = (L + kPage - 1) / kPage;
+  const std::int64_t num_pages = pages_per_req * B;
+  const std::int64_t slots = num_pages * kPage;
+  const int row_bytes = dcpattn::mla_cache_row_width(c.format) * (c.format == CacheFormat::bf16 ? 2 : 1);
+  const std::size_t cache_bytes = std::size_t(slots) * std::size_t(row_bytes);
+  std::size_t free_b = 0, total_b = 0;
+  DCPATTN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (cache_bytes + (std::size_t(1) << 30) > free_b) return false;
+
+  DeviceBuffer cache(cache_bytes);
+  if (c.format == CacheFormat::bf16)
+    fill_bf16<<<4096, 256, 0, stream>>>(cache.as<bfloat16>(), std::size_t(slots) * 576, 11);
+  else
+    fill_fp8<<<4096, 256, 0, stream>>>(cache.as<std::uint8_t>(), std::size_t(slots), 11);
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+
+  // Block table: request b's page p is page perm[b * pages_per_req + p] of the cache.
+  std::vector<std::int32_t> table(static_cast<std::size_t>(num_pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::mt19937_64 rng(7);
+  std::shuffle(table.begin(), table.end(), rng);
+  DeviceBuffer d_table(table.size() * 4);
+  DCPATTN_CUDA_CHECK(cudaMemcpy(d_table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+
+  std::vector<std::int32_t> row_request(static_cast<std::size_t>(B));
+  std::iota(row_request.begin(), row_request.end(), 0);
+  std::vector<std::int64_t> row_len(static_cast<std::size_t>(B), L);
+  DeviceBuffer d_req(4 * std::size_t(B)), d_len(8 * std::size_t(B));
+  DCPATTN_CUDA_CHECK(cudaMemcpy(d_req.ptr, row_request.data(), 4 * std::size_t(B), cudaMemcpyHostToDevice));
+  DCPATTN_CUDA_CHECK(cudaMemcpy(d_len.ptr, row_len.data(), 8 * std::size_t(B), cudaMemcpyHostToDevice));
+
+  DeviceBuffer q(std::size_t(B) * H * 576 * 2);
+  fill_bf16<<<1024, 256, 0, stream>>>(q.as<bfloat16>(), std::size_t(B) * H * 576, 5);
+  DeviceBuffer o(std::size_t(B) * H * 512 * 4), lse(std::size_t(B) * H * 4);
+
+  // Sparse: top-k distinct positions of [0, L) per row.
+  const int K = c.sparse ? c.topk : 0;
+  DeviceBuffer d_topk(std::size_t(B) * std::size_t(K > 0 ? K : 1) * 4);
+  if (c.sparse) {
+    std::vector<std::int32_t> topk(std::size_t(B) * std::size_t(K));
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(L));
+    std::iota(pos.begin(), pos.end(), 0);
+    for (int b = 0; b < B; ++b) {
+      for (int i = 0; i < K; ++i) {  // partial Fisher-Yates
+        std::uniform_int_distribution<std::int64_t> d(i, L - 1);
+        std::swap(pos[std::size_t(i)], pos[std::size_t(d(rng))]);
+      }
+      std::copy(pos.begin(), pos.begin() + K, topk.begin() + std::ptrdiff_t(b) * K);
+    }
+    DCPATTN_CUDA_CHECK(cudaMemcpy(d_topk.ptr, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice));
+  }
+
+  const std::int64_t attended = c.sparse ? K : L;
+  dcpattn::MlaDecodeParams p;
+  p.softmax_scale = 0.0721688f;  // 1 / sqrt(192)
+  p.page_size = int(kPage);
+  p.interleave = 1;
+  p.num_valid_rows = B;
+  p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
+  const std::size_t scratch_bytes = dcpattn::cuda_kernels::mla_decode_scratch_bytes(B, H, p.num_splits);
+  DeviceBuffer scratch(scratch_bytes);
+
+  auto qv = dcpattn::make_view(static_cast<const bfloat16*>(q.ptr), {B, H, 576});
+  auto ov = dcpattn::make_view(o.as<float>(), {B, H, 512});
+  auto lv = dcpattn::make_view(lse.as<float>(), {B, H});
+  auto tv = dcpattn::make_view(static_cast<const std::int32_t*>(d_table.ptr), {B, pages_per_req});
+  auto rv = dcpattn::make_view(static_cast<const std::int32_t*>(d_req.ptr), {B});
+  auto len_v = dcpattn::make_view(static_cast<const std::int64_t*>(d_len.ptr), {B});
+  auto kv = dcpattn::make_view(static_cast<const std::int32_t*>(d_topk.ptr), {B, std::int64_t(K)});
+  cuda::std::span<std::byte> sc(static_cast<std::byte*>(scratch.ptr), scratch_bytes);
+  const dcpattn::RoundRobinOwnership own(1, 1, 1);
+
+  auto call = [&] {
+    if (c.format == CacheFormat::bf16) {
+      auto cv = dcpattn::make_view(static_cast<const bfloat16*>(cache.ptr), {slots, 576});
+      if (c.sparse)
+        dcpattn::cuda_kernels::mla_decode_sparse(qv, cv, tv, rv, kv, len_v, own, 0, p, ov, lv, sc, stream);
+      else
+        dcpattn::cuda_kernels::mla_decode_dense(qv, cv, tv, rv, len_v, p, ov, lv, sc, stream);
+    } else {
+      auto cv = dcpattn::make_view(static_cast<const std::uint8_t*>(cache.ptr), {slots, 656});
+      if (c.sparse)
+        dcpattn::cuda_kernels::mla_decode_sparse(qv, cv, tv, rv, kv, len_v, own, 0, p, ov, lv, sc, stream);
+      else
+        dcpattn::cuda_kernels::mla_decode_dense(qv, cv, tv, rv, len_v, p, ov, lv, sc, stream);
+    }
+  };
+  const double us = dcpattn::bench::median_us_flushed(call, stream, flush, flush_bytes, 5, 30);
+
+  const double flops = 2.0 * double(B) * H * double(attended) * (576 + 512);
+  const double bytes = double(B) * double(attended) * row_bytes + double(B) * H * 576 * 2 +
+                       double(B) * H * (512 + 1) * 4 + double(B) * (c.sparse ? K * 4.0 : pages_per_req * 4.0);
+  const double tflops = flops / (us * 1e6);
+  const double gbs = bytes / (us * 1e3);
+  std::printf("%-6s %-4s B=%4d L=%7lld H=%4d S=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of copy)\n",
+              c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
+              p.num_splits, us, tflops, gbs, 100.0 * gbs / copy_gbs);
+  std::fflush(stdout);
+  json.begin()
+      .field("kernel", c.sparse ? "sparse" : "dense")
+      .field("impl", dcpattn::cuda_kernels::detail::mla::use_wgmma_kernel() ? "wgmma" : "mma.sync")
+      .field("cache", format_name(c.format))
+      .field("batch", B)
+      .field("context", double(L))
+      .field("heads", H)
+      .field("topk", K)
+      .field("num_splits", p.num_splits)
+      .field("median_us", us)
+      .field("tflops", tflops)
+      .field("gbs", gbs)
+      .field("copy_gbs", copy_gbs)
+      .field("pct_copy", 100.0 * gbs / copy_gbs);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    cudaStream_t stream;
+    DCPATTN_CUDA_CHECK(cudaStreamCreate(&stream));
+    int dev = 0;
+    DCPATTN_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    DCPATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    const double copy_gbs = dcpattn::bench::measure_copy_bandwidth_gbs(stream);
+    std::printf("device %s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, copy_gbs);
+    const std::size_t flush_bytes = std::size_t(256) << 20;
+    DeviceBuffer flush(flush_bytes);
+    dcpattn::bench::JsonRecords json;
+    // DCPATTN_BENCH_QUICK=1: a few representative cases only.
+    const bool quick = std::getenv("DCPATTN_BENCH_QUICK") != nullptr;
+    // DCPATTN_BENCH_MMA_SYNC=1: time the mma.sync kernel (what compute capability 8.x runs).
+    const bool mma_sync = std::getenv("DCPATTN_BENCH_MMA_SYNC") != nullptr;
+    dcpattn::cuda_kernels::detail::mla::force_mma_sync_kernel.store(mma_sync);
+    std::printf("kernel: %s\n", mma_sync ? "mma.sync (forced)" : "default for this device");
+    std::vector<Case> cases;
+    for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+      for (int h : {16, 128})
+        for (std::int64_t l : {4096LL, 32768LL, 131072LL})
+          for (int b : {1, 8, 64, 128}) {
+            if (quick && !(b == 64 && l == 32768) && !(b == 1 && l == 131072)) continue;
+            cases.push_back({false, f, b, l, h, 0});
+          }
+    for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+      for (int h : {64, 128})
+        for (int b : {1, 8, 64, 128}) {
+          if (quick && b != 64) continue;
+          cases.push_back({true, f, b, 32768, h, 2048});
+        }
+    // DCPATTN_BENCH_FILTER="dense bf16 B=128 L=32768 H=128": only cases whose label contains it.
+    const char* filter = std::getenv("DCPATTN_BENCH_FILTER");
+    for (const Case& c : cases) {
+      const std::string label = std::string(c.sparse ? "sparse " : "dense ") + format_name(c.format) +
+                                " B=" + std::to_string(c.batch) + " L=" + std::to_string(c.context) +
+                                " H=" + std::to_string(c.heads);
+      if (filter && label.find(filter) == std::string::npos) continue;
+      if (!run_case(c, stream, prop.multiProcessorCount, copy_gbs, flush.ptr, flush_bytes, json))
+        std::printf("skipped (does not fit): B=%d L=%lld\n", c.batch, (long long)c.context);
+    }
+    json.write(dcpattn::bench::json_path(argc, argv, "mla_decode.json"));
+    cudaStreamDestroy(stream);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_mla_decode: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
