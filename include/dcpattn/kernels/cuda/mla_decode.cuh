@@ -41,7 +41,7 @@
 //     fp32 accumulator in registers (warp w: 16 heads x 512 / (8/HT) value dims); the row sum l
 //     uses the unrounded fp32 probabilities, so lse is fp32-accurate;
 //   - the state o = acc / l, lse = m + logf(l) goes to scratch (S, T, H, 512) + (S, T, H), or
-//     straight to o/lse when S = 1; mla_merge_kernel (a warp per (row, head), 16 dims per lane)
+//     straight to o/lse when S = 1; mla_merge_kernel (a CTA per (row, head), a dim per thread)
 //     then merges the S states.
 //
 // Numerics (vs the scalar fp32 host reference): the query, the bf16 cache and the e4m3 codes are
@@ -110,7 +110,6 @@ inline constexpr int kRingSize = 512;
 /// Largest num_splits (the merge keeps the split lse values in a per-thread array).
 inline constexpr int kMaxSplits = 64;
 /// Value dims per lane of the merge kernel (a warp covers one (row, head)).
-inline constexpr int kMergeDims = kMlaVDim / 32;
 
 static_assert(kMlaQkDim % 16 == 0 && kMlaVDim % 16 == 0, "dcpattn: MLA dims are k16 multiples");
 static_assert(kTileTokens == 64, "dcpattn: the warp tiling below assumes 64-token tiles");
@@ -676,45 +675,60 @@ DCPATTN_DEVICE float merge_element_rn(float oa, float ob, float wa, float wb) {
   return wb == 0.0f ? ta : (wa == 0.0f ? tb : __fadd_rn(ta, tb));
 }
 
-/// Tree-merges `count` states (count, T, H, 512) + (count, T, H) in place (tree_merge order) and
-/// writes state 0 to o/lse; padding rows t >= num_valid_rows get the neutral state without reading
-/// the states. One warp per (t, h), kMergeDims contiguous dims per lane. (A template only so that
-/// the header can be included by several translation units of one program.)
-template <int Unused = 0>
-__global__ void __launch_bounds__(kThreads)
-    mla_merge_kernel(float* __restrict__ states_o, const float* __restrict__ states_lse, int count,
+/// Tree-merges S states (S, T, H, 512) + (S, T, H) along tree_merge's tree and writes the result
+/// to o/lse; padding rows t >= num_valid_rows get the neutral state without reading the states.
+/// One CTA of 512 threads per (t, h), one value dim per thread: a thread loads its dim of all S
+/// states at once (coalesced across the CTA) and merges them in registers; warp 0 computes the
+/// tree's weights (merge_lse per node) once into shared memory. The element arithmetic is
+/// merge_element_rn, node by node in tree_merge's order, so the result is bitwise what an
+/// in-place tree merge gives. The states are only read.
+template <int S>
+__global__ void __launch_bounds__(kMlaVDim)
+    mla_merge_kernel(const float* __restrict__ states_o, const float* __restrict__ states_lse,
                      std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
                      TensorView<float, 2> lse) {
-  const std::int64_t w = (std::int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
-  if (w >= tokens * heads) return;
-  const int lane = int(threadIdx.x) & 31;
-  const std::int64_t t = w / heads;
-  const int h = int(w % heads);
-  const int d0 = lane * kMergeDims;
+  static_assert(S >= 1 && S <= kMaxSplits && (S & (S - 1)) == 0, "dcpattn: S: 1..64, power of 2");
+  constexpr int kLevels = __builtin_ctz(S);
+  __shared__ float lse_s[S];
+  __shared__ float wa_s[kLevels > 0 ? kLevels : 1][S > 1 ? S / 2 : 1];
+  __shared__ float wb_s[kLevels > 0 ? kLevels : 1][S > 1 ? S / 2 : 1];
+  const std::int64_t row = std::int64_t(blockIdx.x);  // t * heads + h
+  const std::int64_t t = row / heads;
+  const int h = int(row % heads);
+  const int d = int(threadIdx.x);
   if (t >= num_valid_rows) {
-#pragma unroll
-    for (int i = 0; i < kMergeDims; ++i) o(t, std::int64_t(h), std::int64_t(d0 + i)) = 0.0f;
-    if (lane == 0) lse(t, std::int64_t(h)) = lse_neg_inf;
+    o(t, std::int64_t(h), std::int64_t(d)) = 0.0f;
+    if (d == 0) lse(t, std::int64_t(h)) = lse_neg_inf;
     return;
   }
   const std::int64_t plane = tokens * heads;  // states per split
-  const std::int64_t row = t * heads + h;
-  float lse_v[kMaxSplits];
-  for (int v = 0; v < count; ++v) lse_v[v] = states_lse[v * plane + row];
-  for (int half = count >> 1; half >= 1; half >>= 1) {
-    for (int v = 0; v < half; ++v) {
-      const MergeWeights mw = merge_lse(lse_v[v], lse_v[v + half]);
-      float* oa = states_o + (v * plane + row) * kMlaVDim + d0;
-      const float* ob = states_o + ((v + half) * plane + row) * kMlaVDim + d0;
+  float v[S];
 #pragma unroll
-      for (int i = 0; i < kMergeDims; ++i) oa[i] = merge_element_rn(oa[i], ob[i], mw.w_a, mw.w_b);
-      lse_v[v] = mw.lse;
+  for (int k = 0; k < S; ++k) v[k] = states_o[(k * plane + row) * kMlaVDim + d];
+  if (d < S) lse_s[d] = states_lse[d * plane + row];
+  __syncthreads();
+  if (d < 32) {
+    int level = 0;
+    for (int half = S / 2; half >= 1; half >>= 1, ++level) {
+      for (int k = d; k < half; k += 32) {
+        const MergeWeights mw = merge_lse(lse_s[k], lse_s[k + half]);
+        wa_s[level][k] = mw.w_a;
+        wb_s[level][k] = mw.w_b;
+        lse_s[k] = mw.lse;  // node k + half (read above) is not written at this level
+      }
+      __syncwarp();
     }
   }
-  const float* r0 = states_o + row * kMlaVDim + d0;
+  __syncthreads();
 #pragma unroll
-  for (int i = 0; i < kMergeDims; ++i) o(t, std::int64_t(h), std::int64_t(d0 + i)) = r0[i];
-  if (lane == 0) lse(t, std::int64_t(h)) = lse_v[0];
+  for (int level = 0; level < kLevels; ++level) {
+    const int half = S >> (level + 1);
+#pragma unroll
+    for (int k = 0; k < half; ++k)
+      v[k] = merge_element_rn(v[k], v[k + half], wa_s[level][k], wb_s[level][k]);
+  }
+  o(t, std::int64_t(h), std::int64_t(d)) = v[0];
+  if (d == 0) lse(t, std::int64_t(h)) = lse_s[0];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -762,14 +776,22 @@ inline constexpr bool is_plain_strided_device_v =
                    cuda::std::default_accessor<typename View::element_type>>;
 
 namespace wg {
-inline constexpr int kThreads = 256;                  // two warpgroups
+inline constexpr int kConsumers = 256;  // warpgroups 0 and 1: tensor-core products and softmax
+inline constexpr int kProducers = 128;  // warpgroup 2: slots, copies, fp8 dequantization
+inline constexpr int kThreads = kConsumers + kProducers;
 inline constexpr int kHeads = 64;                     // heads per CTA: the wgmma M
 inline constexpr int kBlock = kTileTokens * 128;      // one 64-dim column block (8 KiB)
 inline constexpr int kDimBlocks = kMlaQkDim / 64;     // 9
 inline constexpr int kTile = kDimBlocks * kBlock;     // a Q block or a K/V tile: 73,728 bytes
 inline constexpr int kRawEntry = DsMlaFp8Entry::bytes;  // 656 = 41 x 16
-inline constexpr int kRing = 256;    // sparse: gathered list entries (slots)
-inline constexpr int kGather = 128;  // sparse: list entries examined per gather round
+inline constexpr int kRing = 256;         // sparse: gathered list entries (slots)
+inline constexpr int kGather = kProducers;  // sparse: list entries examined per gather round
+inline constexpr int kSlotBufs = 4;       // tiles whose slots are held (in flight + computed)
+/// Registers per thread after the producer/consumer split (setmaxnreg): 128 x 56 + 256 x 224.
+inline constexpr int kProducerRegs = 56;
+inline constexpr int kConsumerRegs = 224;
+static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536,
+              "dcpattn: the register split must fit the register file");
 static_assert(kRing >= kTileTokens + kGather && (kRing & (kRing - 1)) == 0,
               "dcpattn: the sparse ring must hold a tile plus one gather round");
 static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byte chunks");
@@ -777,19 +799,49 @@ static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byt
 /// Byte offsets of mla_wg_kernel's dynamic shared memory; every swizzled region is 1024-aligned.
 template <bool kFp8>
 struct Smem {
-  static constexpr int stages = kFp8 ? 1 : 2;
+  static constexpr int stages = kFp8 ? 1 : 2;  // K/V stages (bf16 tiles)
   static constexpr std::size_t q = 0;
   static constexpr std::size_t k = q + kTile;
   static constexpr std::size_t raw = k + std::size_t(stages) * kTile;
   static constexpr std::size_t p = raw + (kFp8 ? std::size_t(kTileTokens) * kRawEntry : 0);
-  static constexpr std::size_t slot = p + std::size_t(kHeads) * 128;  // int32 [2][64]
-  static constexpr std::size_t xrow = slot + 2 * kTileTokens * 4;     // float [2][64]
-  static constexpr std::size_t ring = xrow + 2 * kHeads * 4;          // int32 [kRing]
-  static constexpr std::size_t wsum = ring + kRing * 4;               // int [8]
-  static constexpr std::size_t bytes = wsum + 8 * 4;
+  static constexpr std::size_t slot = p + std::size_t(kHeads) * 128;          // int32 [4][64]
+  static constexpr std::size_t count = slot + kSlotBufs * kTileTokens * 4;   // int32 [4]
+  static constexpr std::size_t xrow = count + kSlotBufs * 4;                 // float [2][64]
+  static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                 // int32 [kRing]
+  static constexpr std::size_t wsum = ring + kRing * 4;                      // int [4]
+  static constexpr std::size_t bar = wsum + 4 * 4;                           // u64 full[2], empty[2]
+  static constexpr std::size_t bytes = bar + 4 * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
+  static_assert(bar % 8 == 0, "dcpattn: mbarriers must be 8-byte aligned");
   static_assert(bytes <= 232448, "dcpattn: over the 227 KiB shared-memory limit of sm_90");
 };
+
+/// mbarrier primitives (PTX ISA, "Parallel Synchronization and Communication: mbarrier").
+/// arrive has release and try_wait acquire semantics at CTA scope.
+DCPATTN_DEVICE void mbar_init(std::uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+DCPATTN_DEVICE void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+DCPATTN_DEVICE void mbar_wait(std::uint64_t* bar, int parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+/// Barrier among `count` threads (a multiple of 32) under hardware barrier `id` (1..15).
+DCPATTN_DEVICE void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+DCPATTN_DEVICE void consumer_barrier() { named_barrier(1, kConsumers); }
+DCPATTN_DEVICE void producer_barrier() { named_barrier(2, kProducers); }
 
 /// Offset of 16-byte chunk c (0..71) of row r (0..63) in a swizzled 64 x 576 tile.
 DCPATTN_DEVICE std::uint32_t tile_offset(int r, int c) {
@@ -907,7 +959,7 @@ DCPATTN_DEVICE void zero16(unsigned char* dst) {
 DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
                            int tid) {
   constexpr int kChunks = kMlaQkDim / 8;  // 72
-  for (int i = tid; i < kHeads * kChunks; i += kThreads) {
+  for (int i = tid; i < kHeads * kChunks; i += kProducers) {
     const int r = i / kChunks, c = i % kChunks;
     const int h = h0 + r;
     unsigned char* dst = q_s + tile_offset(r, c);
@@ -931,7 +983,7 @@ DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, un
 template <class QView>
 DCPATTN_DEVICE void load_q(const GenericQ<QView>& q, std::int64_t t, int h0, int heads,
                            unsigned char* q_s, int tid) {
-  for (int i = tid; i < kHeads * kMlaQkDim; i += kThreads) {
+  for (int i = tid; i < kHeads * kMlaQkDim; i += kProducers) {
     const int r = i / kMlaQkDim, d = i % kMlaQkDim;
     const int h = h0 + r;
     std::uint16_t bits = 0;
@@ -942,25 +994,40 @@ DCPATTN_DEVICE void load_q(const GenericQ<QView>& q, std::int64_t t, int h0, int
 
 /// Starts the copy of a bf16 tile's keys (slot < 0: zero rows) into stage k_s: cp.async on the
 /// vector path, else ordinary element reads through the view (both formats; complete on return).
+/// Vector path: producer warp w copies tokens [16 w, 16 w + 16); lane l copies 16-byte chunks l,
+/// l + 32 and l + 64 (< 72) of each, so a warp reads 512 contiguous bytes per instruction and
+/// the per-chunk address work is done once per tile.
 template <class CacheView>
 DCPATTN_DEVICE void load_tile_direct(const CacheView& cache, bool vector_path, const int* slot_s,
-                                     unsigned char* k_s, int tid) {
+                                     unsigned char* k_s, int ptid) {
   constexpr CacheFormat kFormat = mla_cache_format_v<CacheView>;
   if constexpr (is_plain_strided_device_v<CacheView> && kFormat == CacheFormat::bf16) {
     if (vector_path) {
-      constexpr int kChunks = kMlaQkDim / 8;  // 72
+      const int lane = ptid & 31, w = ptid >> 5;
       const bfloat16* base = cache.data_handle();
       const std::int64_t stride = cache.stride(0);
-      for (int i = tid; i < kTileTokens * kChunks; i += kThreads) {
-        const int tok = i / kChunks, c = i % kChunks;
+      const std::uint32_t k_base = smem_u32(k_s);
+      const bool third = lane < kMlaQkDim / 8 - 64;  // chunk lane + 64 exists (lanes 0..7)
+      // Chunk c of row r lands at (c / 8) * kBlock + r * 128 + ((c mod 8) ^ (r mod 8)) * 16.
+      const std::uint32_t blk0 = std::uint32_t((lane >> 3) * kBlock);
+      const std::uint32_t blk1 = std::uint32_t(((lane + 32) >> 3) * kBlock);
+      const std::uint32_t blk2 = std::uint32_t(((lane + 64) >> 3) * kBlock);
+      const int c7 = lane & 7;  // the same for lane, lane + 32 and lane + 64
+#pragma unroll 4
+      for (int r = 0; r < kTileTokens / 4; ++r) {
+        const int tok = w * (kTileTokens / 4) + r;
         const int slot = slot_s[tok];
-        const bfloat16* src = slot >= 0 ? base + std::int64_t(slot) * stride + c * 8 : base;
-        cp_async_16z(smem_u32(k_s + tile_offset(tok, c)), src, slot >= 0);
+        const bool valid = slot >= 0;
+        const bfloat16* row = base + std::int64_t(valid ? slot : 0) * stride + lane * 8;
+        const std::uint32_t dst = k_base + std::uint32_t(tok * 128 + ((c7 ^ (tok & 7)) << 4));
+        cp_async_16z(dst + blk0, row, valid);
+        cp_async_16z(dst + blk1, row + 256, valid);
+        if (third) cp_async_16z(dst + blk2, row + 512, valid);
       }
       return;
     }
   }
-  for (int i = tid; i < kTileTokens * kMlaQkDim; i += kThreads) {
+  for (int i = ptid; i < kTileTokens * kMlaQkDim; i += kProducers) {
     const int tok = i / kMlaQkDim, d = i % kMlaQkDim;
     const int slot = slot_s[tok];
     const bfloat16 v = bfloat16::from_float(slot < 0 ? 0.0f : mla_key(cache, slot, d));
@@ -968,30 +1035,42 @@ DCPATTN_DEVICE void load_tile_direct(const CacheView& cache, bool vector_path, c
   }
 }
 
-/// Starts the cp.async copy of a tile's raw ds_mla entries (slot < 0: zeros) into raw_s.
+/// Starts the cp.async copy of a tile's raw ds_mla entries (slot < 0: zeros) into raw_s: producer
+/// warp w copies tokens [16 w, 16 w + 16), lane l chunks l and l + 32 (< 41) of each.
 template <class CacheView>
 DCPATTN_DEVICE void load_tile_raw(const CacheView& cache, const int* slot_s, unsigned char* raw_s,
-                                  int tid) {
+                                  int ptid) {
   constexpr int kChunks = kRawEntry / 16;  // 41
+  const int lane = ptid & 31, w = ptid >> 5;
   const std::uint8_t* base = cache.data_handle();
   const std::int64_t stride = cache.stride(0);
-  for (int i = tid; i < kTileTokens * kChunks; i += kThreads) {
-    const int tok = i / kChunks, c = i % kChunks;
+  const std::uint32_t raw_base = smem_u32(raw_s) + std::uint32_t(lane * 16);
+  const bool second = lane + 32 < kChunks;
+#pragma unroll 4
+  for (int r = 0; r < kTileTokens / 4; ++r) {
+    const int tok = w * (kTileTokens / 4) + r;
     const int slot = slot_s[tok];
-    const std::uint8_t* src = slot >= 0 ? base + std::int64_t(slot) * stride + c * 16 : base;
-    cp_async_16z(smem_u32(raw_s + tok * kRawEntry + c * 16), src, slot >= 0);
+    const bool valid = slot >= 0;
+    const std::uint8_t* src = base + std::int64_t(valid ? slot : 0) * stride + lane * 16;
+    const std::uint32_t dst = raw_base + std::uint32_t(tok * kRawEntry);
+    cp_async_16z(dst, src, valid);
+    if (second) cp_async_16z(dst + 512, src + 512, valid);
   }
 }
 
 /// Dequantizes the raw entries of a tile into the swizzled K/V stage: e4m3 code * group scale,
 /// rounded to bf16 (the arithmetic of mla_split_kernel); the RoPE part is copied. A zero-filled
-/// entry (no token) gives a zero row.
-DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int tid) {
+/// entry (no token) gives a zero row. Producer warp w converts tokens [16 w, 16 w + 16); lane l
+/// items l and l + 32 (< 40) of each: items 0..31 are 16 codes, 32..39 8 RoPE values.
+DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int ptid) {
   constexpr int kItems = DsMlaFp8Entry::latent_dim / 16 + DsMlaFp8Entry::rope_dim / 8;  // 40
-  for (int i = tid; i < kTileTokens * kItems; i += kThreads) {
-    const int tok = i / kItems, c = i % kItems;
+  const int lane = ptid & 31, w = ptid >> 5;
+#pragma unroll 2
+  for (int r = 0; r < kTileTokens / 4; ++r) {
+    const int tok = w * (kTileTokens / 4) + r;
     const unsigned char* e = raw_s + tok * kRawEntry;
-    if (c < 32) {
+    {
+      const int c = lane;  // 16 codes
       const uint4 raw = *reinterpret_cast<const uint4*>(e + c * 16);
       const float scale = *reinterpret_cast<const float*>(
           e + DsMlaFp8Entry::scales_offset + 4 * (c * 16 / DsMlaFp8Entry::group_size));
@@ -1010,15 +1089,27 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
           make_uint4(out[0], out[1], out[2], out[3]);
       *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * c + 1)) =
           make_uint4(out[4], out[5], out[6], out[7]);
-    } else {
-      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 64 + (c - 32))) =
-          *reinterpret_cast<const uint4*>(e + DsMlaFp8Entry::rope_offset + (c - 32) * 16);
+    }
+    if (lane + 32 < kItems) {
+      const int c = lane;  // RoPE chunk c (8 bf16)
+      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 64 + c)) =
+          *reinterpret_cast<const uint4*>(e + DsMlaFp8Entry::rope_offset + c * 16);
     }
   }
 }
 
 /// One (row, split, head block) partial state; see the section comment. 1-D grid, head block
 /// fastest (the CTAs reading the same tiles run side by side), then split, then row.
+///
+/// Roles. Warpgroup 2 (the producer) computes each tile's slots, copies the tile into shared
+/// memory and, for the fp8 cache, dequantizes it; warpgroups 0 and 1 (the consumers) compute.
+/// Tile i's slots sit in slot buffer i mod 4 with its token count (0: the split is done). The
+/// hand-over is a pair of mbarriers per K/V stage: `full` (the producer's 128 threads arrive once
+/// a tile's bytes are in place and fenced for the tensor cores) and `empty` (the consumers' 256
+/// threads arrive once their products have read the stage).
+///   bf16: two stages; tile i + 1 is copied while tile i is computed.
+///   fp8:  one K/V stage and one raw stage; the raw entries of tile i + 1 are copied while tile i
+///         is computed and dequantized as soon as the consumers release the K/V stage.
 template <bool kSparse, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
@@ -1031,17 +1122,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* q_s = smem + L::q;
   unsigned char* raw_s = smem + L::raw;
   unsigned char* p_s = smem + L::p;
-  int* slot_s = reinterpret_cast<int*>(smem + L::slot);  // [2][64]
+  int* slot_s = reinterpret_cast<int*>(smem + L::slot);    // [4][64]
+  int* count_s = reinterpret_cast<int*>(smem + L::count);  // [4]
   float* xrow = reinterpret_cast<float*>(smem + L::xrow);  // [2][64]
   int* ring_s = reinterpret_cast<int*>(smem + L::ring);
   int* wsum_s = reinterpret_cast<int*>(smem + L::wsum);
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
+  std::uint64_t* empty = full + 2;
+  auto stage = [&](int st) { return smem + L::k + std::size_t(st) * kTile; };
 
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int g = warp >> 2;   // warpgroup: tokens [32 g, +32) of S, value dims [256 g, +256) of O
-  const int wq = warp & 3;   // warp in the warpgroup: head rows [16 wq, +16)
-  const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;
   const int head_blocks = (a.heads + kHeads - 1) / kHeads;
   const int S = a.num_splits;
   const int hb = int(blockIdx.x % unsigned(head_blocks));
@@ -1062,75 +1154,152 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // Row parameters (uniform over the CTA).
-  const std::int32_t req = a.row_request(t);
-  const bool req_ok = req >= 0 && std::int64_t(req) < a.block_table.extent(0);
-  std::int64_t n = 0;                       // dense: tokens of this split
-  [[maybe_unused]] std::int64_t bound = 0;  // sparse: the row's global causal bound
-  std::int64_t list = 0;                    // sparse: top-k entries to scan
-  if constexpr (!kSparse) {
-    const std::int64_t len = a.row_local_length(t);
-    if (req_ok && len > 0) n = mla_split_length(len, j, S, a.interleave);
-  } else {
-    bound = a.row_bound(t);
-    if (req_ok && bound > 0) list = a.topk.extent(1);
+  if (tid == 0) {
+    for (int st = 0; st < L::stages; ++st) {
+      mbar_init(&full[st], kProducers);
+      mbar_init(&empty[st], kConsumers);
+    }
+  }
+  __syncthreads();  // barriers initialized (the last CTA-wide barrier)
+
+  if (warp >= kConsumers / 32) {
+    // ===================================== producer =====================================
+#if defined(DCPATTN_MLA_WGMMA)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+#endif
+    const int ptid = tid - kConsumers;
+    const int pw = warp - kConsumers / 32;
+    const std::int32_t req = a.row_request(t);
+    const bool req_ok = req >= 0 && std::int64_t(req) < a.block_table.extent(0);
+    std::int64_t n = 0;                       // dense: tokens of this split
+    [[maybe_unused]] std::int64_t bound = 0;  // sparse: the row's global causal bound
+    std::int64_t list = 0;                    // sparse: top-k entries to scan
+    if constexpr (!kSparse) {
+      const std::int64_t len = a.row_local_length(t);
+      if (req_ok && len > 0) n = mla_split_length(len, j, S, a.interleave);
+    } else {
+      bound = a.row_bound(t);
+      if (req_ok && bound > 0) list = a.topk.extent(1);
+    }
+    // Slots of the next tile's split tokens into slot buffer sb (-1: no token / skipped) and its
+    // token count; returns the count (0: the split is done). Uniform over the producer.
+    [[maybe_unused]] std::int64_t k0 = 0;                          // dense: next split token
+    [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
+    auto next_tile = [&](int sb) -> int {
+      int* slots = slot_s + sb * kTileTokens;
+      int n_tile = 0;
+      if constexpr (!kSparse) {
+        n_tile = int(n - k0 < kTileTokens ? (n - k0 > 0 ? n - k0 : 0) : kTileTokens);
+        if (n_tile > 0 && ptid < kTileTokens) {
+          std::int64_t slot = -1;
+          if (ptid < n_tile)
+            slot = checked_slot(a, req, mla_split_position(k0 + ptid, j, S, a.interleave));
+          slots[ptid] = int(slot);
+        }
+        k0 += kTileTokens;
+      } else {
+        // Gather the split's entries in list order until a tile is full or the list is done.
+        while (tail - head < kTileTokens && cursor < list) {
+          const std::int64_t idx = cursor + ptid;
+          std::int64_t slot = -1;
+          if (idx < list) {
+            const std::int64_t gpos = a.topk(t, idx);
+            if (gpos >= 0 && gpos < bound && int(a.own.owner(gpos)) == a.rank) {
+              const std::int64_t pos = std::int64_t(a.own.local_position(gpos));
+              if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
+                slot = checked_slot(a, req, pos);
+            }
+          }
+          const bool take = slot >= 0;
+          const unsigned ballot = __ballot_sync(kFullMask, take);
+          if (lane == 0) wsum_s[pw] = __popc(ballot);
+          producer_barrier();
+          int before = 0, total = 0;
+#pragma unroll
+          for (int w = 0; w < kProducers / 32; ++w) {
+            const int c = wsum_s[w];
+            before += w < pw ? c : 0;
+            total += c;
+          }
+          if (take)
+            ring_s[(tail + before + __popc(ballot & ((1u << lane) - 1u))) & (kRing - 1)] =
+                int(slot);
+          tail += total;
+          cursor += kGather;
+          producer_barrier();  // ring entries visible; wsum_s free for the next round
+        }
+        n_tile = int(tail - head < kTileTokens ? tail - head : kTileTokens);
+        if (n_tile > 0 && ptid < kTileTokens)
+          slots[ptid] = ptid < n_tile ? ring_s[(head + ptid) & (kRing - 1)] : -1;
+        head += n_tile;
+      }
+      if (ptid == 0) count_s[sb] = n_tile;
+      producer_barrier();  // the slots are visible to every producer thread
+      return n_tile;
+    };
+
+    const bool any_work = kSparse ? list > 0 : n > 0;
+    int n_cur = any_work ? next_tile(0) : 0;
+    if (!any_work && ptid == 0) count_s[0] = 0;
+    if (n_cur > 0) load_q(a.q, t, h0, a.heads, q_s, ptid);
+    if constexpr (!kFp8) {
+      if (n_cur > 0) load_tile_direct(a.cache, a.cache_vector, slot_s, stage(0), ptid);
+      cp_async_commit();
+      for (int i = 0;; ++i) {
+        // Tile i is in flight (or is the end marker): compute the next tile's slots meanwhile.
+        const int n_next = n_cur > 0 ? next_tile((i + 1) % kSlotBufs) : 0;
+        if (n_cur > 0 && n_next == 0 && ptid == 0) count_s[(i + 1) % kSlotBufs] = 0;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(&full[i & 1]);  // tile i (or the end marker) handed over
+        if (n_cur == 0) break;
+        // Tile i + 1 goes to the stage of tile i - 1: wait until the consumers are done with it.
+        if (i >= 1) mbar_wait(&empty[(i + 1) & 1], ((i - 1) >> 1) & 1);
+        if (n_next > 0)
+          load_tile_direct(a.cache, a.cache_vector, slot_s + ((i + 1) % kSlotBufs) * kTileTokens,
+                           stage((i + 1) & 1), ptid);
+        cp_async_commit();
+        n_cur = n_next;
+      }
+    } else {
+      if constexpr (kRawPath) {
+        if (n_cur > 0 && a.cache_vector) load_tile_raw(a.cache, slot_s, raw_s, ptid);
+      }
+      cp_async_commit();
+      for (int i = 0;; ++i) {
+        cp_async_wait<0>();
+        producer_barrier();  // the raw entries (and the query) of every producer thread in place
+        if (i >= 1) mbar_wait(&empty[0], (i - 1) & 1);  // the consumers are done with tile i - 1
+        if (n_cur > 0) {
+          const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
+          if (kRawPath && a.cache_vector)
+            dequant_tile(raw_s, stage(0), ptid);
+          else
+            load_tile_direct(a.cache, a.cache_vector, slots, stage(0), ptid);
+        }
+        fence_proxy_async();
+        mbar_arrive(&full[0]);  // tile i (or the end marker) handed over
+        if (n_cur == 0) break;
+        producer_barrier();  // raw_s free: every dequantization read is done
+        const int n_next = next_tile((i + 1) % kSlotBufs);
+        if constexpr (kRawPath) {
+          if (n_next > 0 && a.cache_vector)
+            load_tile_raw(a.cache, slot_s + ((i + 1) % kSlotBufs) * kTileTokens, raw_s, ptid);
+        }
+        cp_async_commit();
+        n_cur = n_next;
+      }
+    }
+    return;
   }
 
-  // Slots of the next tile's split tokens into slot_s[buf] (-1: no token / skipped); false when
-  // the split has no more tokens. Uniform over the CTA; ends with a barrier.
-  [[maybe_unused]] std::int64_t k0 = 0;                          // dense: next split token
-  [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
-  auto next_tile = [&](int buf) -> bool {
-    int* slots = slot_s + buf * kTileTokens;
-    if constexpr (!kSparse) {
-      const int n_tile = int(n - k0 < kTileTokens ? n - k0 : kTileTokens);
-      if (n_tile <= 0) return false;
-      if (tid < kTileTokens) {
-        std::int64_t slot = -1;
-        if (tid < n_tile)
-          slot = checked_slot(a, req, mla_split_position(k0 + tid, j, S, a.interleave));
-        slots[tid] = int(slot);
-      }
-      k0 += kTileTokens;
-    } else {
-      // Gather the split's entries in list order until a tile is full or the list is done.
-      while (tail - head < kTileTokens && cursor < list) {
-        const std::int64_t idx = cursor + tid;
-        std::int64_t slot = -1;
-        if (tid < kGather && idx < list) {
-          const std::int64_t gpos = a.topk(t, idx);
-          if (gpos >= 0 && gpos < bound && int(a.own.owner(gpos)) == a.rank) {
-            const std::int64_t pos = std::int64_t(a.own.local_position(gpos));
-            if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
-              slot = checked_slot(a, req, pos);
-          }
-        }
-        const bool take = slot >= 0;
-        const unsigned ballot = __ballot_sync(kFullMask, take);
-        if (lane == 0) wsum_s[warp] = __popc(ballot);
-        __syncthreads();
-        int before = 0, total = 0;
-#pragma unroll
-        for (int w = 0; w < kThreads / 32; ++w) {
-          const int c = wsum_s[w];
-          before += w < warp ? c : 0;
-          total += c;
-        }
-        if (take)
-          ring_s[(tail + before + __popc(ballot & ((1u << lane) - 1u))) & (kRing - 1)] = int(slot);
-        tail += total;
-        cursor += kGather;
-        __syncthreads();  // ring entries visible; wsum_s free for the next round
-      }
-      const int n_tile = int(tail - head < kTileTokens ? tail - head : kTileTokens);
-      if (n_tile == 0) return false;
-      if (tid < kTileTokens) slots[tid] = tid < n_tile ? ring_s[(head + tid) & (kRing - 1)] : -1;
-      head += n_tile;
-    }
-    __syncthreads();  // slots visible
-    return true;
-  };
-  auto stage = [&](int s) { return smem + L::k + std::size_t(s) * kTile; };
+  // ===================================== consumers =====================================
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+#endif
+  const int g = warp >> 2;  // warpgroup: tokens [32 g, +32) of S, value dims [256 g, +256) of O
+  const int wq = warp & 3;  // warp in the warpgroup: head rows [16 wq, +16)
+  const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;
 
   // Softmax state of head rows r0 and r1 (replicated in the 4 threads of a row quad and in both
   // warpgroups); l_* is this warpgroup's share of the row sum.
@@ -1139,46 +1308,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-  bool have = (kSparse ? list > 0 : n > 0) && next_tile(0);
-  if (have) {
-    load_q(a.q, t, h0, a.heads, q_s, tid);
-    if constexpr (kRawPath) {
-      if (a.cache_vector) load_tile_raw(a.cache, slot_s, raw_s, tid);
-    } else if constexpr (!kFp8) {
-      load_tile_direct(a.cache, a.cache_vector, slot_s, stage(0), tid);
-    }
-    cp_async_commit();
-  }
-  for (int it = 0; have; ++it) {
-    const int cur = it & 1;
-    const bool have_next = next_tile(cur ^ 1);
-    unsigned char* k_s = stage(kFp8 ? 0 : cur);
-    if constexpr (!kFp8) {
-      if (have_next) load_tile_direct(a.cache, a.cache_vector, slot_s + (cur ^ 1) * kTileTokens,
-                                      stage(cur ^ 1), tid);
-      cp_async_commit();
-      cp_async_wait<1>();  // this tile's copies (and the query's) are done; the next in flight
-    } else {
-      cp_async_wait<0>();
-      __syncthreads();  // the raw entries of every thread visible
-      if (kRawPath && a.cache_vector)
-        dequant_tile(raw_s, k_s, tid);
-      else
-        load_tile_direct(a.cache, a.cache_vector, slot_s + cur * kTileTokens, k_s, tid);
-      __syncthreads();  // raw_s free
-      if constexpr (kRawPath) {
-        if (have_next && a.cache_vector)
-          load_tile_raw(a.cache, slot_s + (cur ^ 1) * kTileTokens, raw_s, tid);
-      }
-      cp_async_commit();
-    }
-    fence_proxy_async();
-    __syncthreads();  // Q and the K/V tile complete and visible to the tensor cores
+  const std::uint32_t qa = smem_u32(q_s);
+  const std::uint32_t pa = smem_u32(p_s);
+  for (int i = 0;; ++i) {
+    const int st = kFp8 ? 0 : (i & 1);
+    mbar_wait(&full[st], kFp8 ? (i & 1) : ((i >> 1) & 1));
+    const int n_tile = count_s[i % kSlotBufs];
+    if (n_tile == 0) break;
+    const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
+    const std::uint32_t k_s = smem_u32(stage(st));
 
     // --- S = Q K^T for tokens [32 g, 32 g + 32).
     float s[16];
-    const std::uint32_t qa = smem_u32(q_s);
-    const std::uint32_t ka = smem_u32(k_s) + std::uint32_t(g * 32 * 128);
+    const std::uint32_t ka = k_s + std::uint32_t(g * 32 * 128);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
@@ -1189,7 +1331,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait_all();
 
     // --- Online softmax in registers.
-    const int* slots = slot_s + cur * kTileTokens;
     float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
     for (int jn = 0; jn < 4; ++jn) {
@@ -1210,7 +1351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       xrow[g * kHeads + r0] = mx0;
       xrow[g * kHeads + r1] = mx1;
     }
-    __syncthreads();
+    consumer_barrier();
     const float mn0 = fmaxf(m_0, fmaxf(xrow[r0], xrow[kHeads + r0]));
     const float mn1 = fmaxf(m_1, fmaxf(xrow[r1], xrow[kHeads + r1]));
     // mn = -inf: nothing valid so far; keep l = 0 and o = 0 (alpha 1 avoids -inf - -inf).
@@ -1230,12 +1371,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int tok = 32 * g + 8 * jn + 2 * (lane & 3);
       const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
       // r1 = r0 + 8 has the same swizzle phase (r1 & 7 == r0 & 7).
-      *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) =
-          pack_bf16(__bfloat16_as_ushort(__float2bfloat16_rn(p00)),
-                    __bfloat16_as_ushort(__float2bfloat16_rn(p01)));
-      *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) =
-          pack_bf16(__bfloat16_as_ushort(__float2bfloat16_rn(p10)),
-                    __bfloat16_as_ushort(__float2bfloat16_rn(p11)));
+      *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) = cvt_bf16x2_rn(p00, p01);
+      *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) = cvt_bf16x2_rn(p10, p11);
     }
     // (a + b) + (c + d) on every lane: float addition is commutative, so the 4 copies agree.
     sum0 += __shfl_xor_sync(kFullMask, sum0, 1);
@@ -1246,19 +1383,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     l_1 = l_1 * al1 + sum1;
     m_0 = mn0;
     m_1 = mn1;
+    // Rescaling by 1 changes nothing: skip it when no row of the warp moved its maximum.
+    if (__any_sync(kFullMask, al0 != 1.0f || al1 != 1.0f)) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      o[4 * i] *= al0;
-      o[4 * i + 1] *= al0;
-      o[4 * i + 2] *= al1;
-      o[4 * i + 3] *= al1;
+      for (int c = 0; c < 32; ++c) {
+        o[4 * c] *= al0;
+        o[4 * c + 1] *= al0;
+        o[4 * c + 2] *= al1;
+        o[4 * c + 3] *= al1;
+      }
     }
     fence_proxy_async();
-    __syncthreads();  // P of both warpgroups complete; xrow reads done
+    consumer_barrier();  // P of both warpgroups complete; xrow reads done
 
     // --- O = alpha O + P V for value dims [256 g, 256 g + 256).
-    const std::uint32_t pa = smem_u32(p_s);
-    const std::uint32_t va = smem_u32(k_s) + std::uint32_t(4 * g * kBlock);
+    const std::uint32_t va = k_s + std::uint32_t(4 * g * kBlock);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTileTokens / 16; ++kk)
@@ -1266,31 +1405,30 @@ __global__ void __launch_bounds__(kThreads, 1)
                        gmma_desc(va + kk * 2048, kBlock, 1024), 1);
     wgmma_commit();
     wgmma_wait_all();
-    __syncthreads();  // the K/V stage, P and the tile's slots are rewritten next
-    have = have_next;
+    mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
   }
-  cp_async_wait<0>();
 
   // --- The state: o = acc / l with l the sum of the warpgroups' shares (warpgroup 0's first),
   // lse = m + log(l); l == 0 (no token) is the neutral state.
+  consumer_barrier();  // every xrow read of the last tile is done
   if ((lane & 3) == 0) {
     xrow[g * kHeads + r0] = l_0;
     xrow[g * kHeads + r1] = l_1;
   }
-  __syncthreads();
+  consumer_barrier();
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r1 : r0;
     const int h = h0 + r;
     if (h >= a.heads) continue;
     const float l = xrow[r] + xrow[kHeads + r];
-    const bool empty = l == 0.0f;
+    const bool empty_state = l == 0.0f;
     const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int d = 256 * g + 8 * i + 2 * (lane & 3);
-      const float v0 = empty ? 0.0f : o[4 * i + 2 * half] / l;
-      const float v1 = empty ? 0.0f : o[4 * i + 2 * half + 1] / l;
+    for (int c = 0; c < 32; ++c) {
+      const int d = 256 * g + 8 * c + 2 * (lane & 3);
+      const float v0 = empty_state ? 0.0f : o[4 * c + 2 * half] / l;
+      const float v1 = empty_state ? 0.0f : o[4 * c + 2 * half + 1] / l;
       if (S > 1) {
         *reinterpret_cast<float2*>(a.scratch_o + state * kMlaVDim + d) = make_float2(v0, v1);
       } else {
@@ -1299,7 +1437,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (g == 0 && (lane & 3) == 0) {
-      const float lse = empty ? kNegInf : (half ? m_1 : m_0) + logf(l);
+      const float lse = empty_state ? kNegInf : (half ? m_1 : m_0) + logf(l);
       if (S > 1)
         a.scratch_lse[state] = lse;
       else
@@ -1308,6 +1446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 }  // namespace wg
+
 
 // ---------------------------------------------------------------------------------------------
 // Host side
@@ -1465,6 +1604,9 @@ void validate_common(const QView& q, const CacheView& cache,
   DCPATTN_REQUIRE(t * std::int64_t(p.num_splits) * ((h + 63) / 64) <= std::int64_t(INT_MAX),
                   "tokens (" + std::to_string(t) + ") times num_splits (" +
                       std::to_string(p.num_splits) + ") times head blocks exceeds the grid limit");
+  DCPATTN_REQUIRE(t * h <= std::int64_t(INT_MAX),
+                  "tokens (" + std::to_string(t) + ") times heads (" + std::to_string(h) +
+                      ") exceeds the grid limit of the split merge (2^31 - 1)");
   DCPATTN_REQUIRE(cache.extent(0) <= std::int64_t(INT_MAX),
                   "cache has " + std::to_string(cache.extent(0)) +
                       " slots; the CUDA kernels address at most 2^31 - 1");
@@ -1508,16 +1650,32 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
   }
 }
 
-/// Validates the arguments of `count` states (count, T, H, 512) + (count, T, H) and launches the
-/// merge kernel.
-inline void launch_merge(float* states_o, float* states_lse, int count, std::int64_t tokens,
-                         int heads, int num_valid_rows, TensorView<float, 3> o,
+/// Launches the merge kernel of `count` states (count, T, H, 512) + (count, T, H); count is a
+/// power of two in [1, 64] (checked by the callers; 1 copies the state).
+inline void launch_merge(const float* states_o, const float* states_lse, int count,
+                         std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
                          TensorView<float, 2> lse, cudaStream_t stream) {
-  const std::int64_t warps = tokens * std::int64_t(heads);
-  if (warps == 0) return;
-  const std::int64_t blocks = (warps + kWarps - 1) / kWarps;
-  mla_merge_kernel<><<<unsigned(blocks), kThreads, 0, stream>>>(states_o, states_lse, count, tokens,
-                                                              heads, num_valid_rows, o, lse);
+  const std::int64_t rows = tokens * std::int64_t(heads);
+  if (rows == 0) return;
+  const unsigned grid = unsigned(rows);
+  switch (count) {
+#define DCPATTN_MLA_MERGE_CASE(S)                                                        \
+  case S:                                                                                \
+    mla_merge_kernel<S><<<grid, kMlaVDim, 0, stream>>>(states_o, states_lse, tokens, heads, \
+                                                       num_valid_rows, o, lse);          \
+    break;
+    DCPATTN_MLA_MERGE_CASE(1)
+    DCPATTN_MLA_MERGE_CASE(2)
+    DCPATTN_MLA_MERGE_CASE(4)
+    DCPATTN_MLA_MERGE_CASE(8)
+    DCPATTN_MLA_MERGE_CASE(16)
+    DCPATTN_MLA_MERGE_CASE(32)
+    DCPATTN_MLA_MERGE_CASE(64)
+#undef DCPATTN_MLA_MERGE_CASE
+    default:
+      throw Error("dcpattn: launch_merge: count (" + std::to_string(count) +
+                  ") must be a power of two in [1, 64]");
+  }
   DCPATTN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1606,12 +1764,12 @@ void sparse_splits(const QView& q, const CacheView& cache,
   launch_split<true>(a, stream);
 }
 
-/// Merges `count` stacked states in place along tree_merge's tree, with the arithmetic of the
+/// Merges `count` stacked states along tree_merge's tree, with the arithmetic of the
 /// split merge (and of the CUDA combine): states_o (count, T, H, 512) fp32, states_lse
-/// (count, T, H) natural log, contiguous, 16-byte aligned; writes state 0 to o (T, H, 512) and
+/// (count, T, H) natural log, contiguous; writes the merged state to o (T, H, 512) and
 /// lse (T, H); rows t >= num_valid_rows get the neutral state and their states are not read.
 /// count: a power of two in [1, 64].
-inline void merge_states(float* states_o, float* states_lse, int count, std::int64_t tokens,
+inline void merge_states(const float* states_o, const float* states_lse, int count, std::int64_t tokens,
                          int heads, int num_valid_rows, TensorView<float, 3> o,
                          TensorView<float, 2> lse, cudaStream_t stream) {
   DCPATTN_REQUIRE(is_power_of_two(count) && count <= kMaxSplits,
