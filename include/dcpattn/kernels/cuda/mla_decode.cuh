@@ -1354,16 +1354,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     consumer_barrier();
     const float mn0 = fmaxf(m_0, fmaxf(xrow[r0], xrow[kHeads + r0]));
     const float mn1 = fmaxf(m_1, fmaxf(xrow[r1], xrow[kHeads + r1]));
-    // mn = -inf: nothing valid so far; keep l = 0 and o = 0 (alpha 1 avoids -inf - -inf).
-    const float al0 = mn0 == kNegInf ? 1.0f : expf(m_0 - mn0);
-    const float al1 = mn1 == kNegInf ? 1.0f : expf(m_1 - mn1);
+    // Branch-free: a masked score (-inf) gives expf(-inf) = 0 against a finite maximum. While
+    // nothing is valid (mn = -inf) the maximum used is 0, so no -inf - -inf arises; alpha is then
+    // 0 against o = 0 and l = 0, which leaves both 0.
+    const float mu0 = mn0 == kNegInf ? 0.0f : mn0;
+    const float mu1 = mn1 == kNegInf ? 0.0f : mn1;
+    const float al0 = expf(m_0 - mu0);
+    const float al1 = expf(m_1 - mu1);
     float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
     for (int jn = 0; jn < 4; ++jn) {
-      const float p00 = s[4 * jn] == kNegInf ? 0.0f : expf(s[4 * jn] - mn0);
-      const float p01 = s[4 * jn + 1] == kNegInf ? 0.0f : expf(s[4 * jn + 1] - mn0);
-      const float p10 = s[4 * jn + 2] == kNegInf ? 0.0f : expf(s[4 * jn + 2] - mn1);
-      const float p11 = s[4 * jn + 3] == kNegInf ? 0.0f : expf(s[4 * jn + 3] - mn1);
+      const float p00 = expf(s[4 * jn] - mu0);
+      const float p01 = expf(s[4 * jn + 1] - mu0);
+      const float p10 = expf(s[4 * jn + 2] - mu1);
+      const float p11 = expf(s[4 * jn + 3] - mu1);
       sum0 += p00;
       sum0 += p01;
       sum1 += p10;
