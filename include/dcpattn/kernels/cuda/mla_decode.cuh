@@ -787,11 +787,16 @@ inline constexpr int kRawEntry = DsMlaFp8Entry::bytes;  // 656 = 41 x 16
 inline constexpr int kRing = 256;         // sparse: gathered list entries (slots)
 inline constexpr int kGather = kProducers;  // sparse: list entries examined per gather round
 inline constexpr int kSlotBufs = 4;       // tiles whose slots are held (in flight + computed)
-/// Registers per thread after the producer/consumer split (setmaxnreg): 128 x 56 + 256 x 224.
+/// Registers per thread after the producer/consumer split (setmaxnreg). setmaxnreg moves
+/// registers only within the CTA's launch allocation (168 per thread: 65536 / 384 rounded down to
+/// a multiple of 8); a consumer's increase waits until the producers' decrease has freed enough,
+/// so a split over that allocation would never complete (a split of 64 + 224 hangs).
+inline constexpr int kLaunchRegs = 168;
 inline constexpr int kProducerRegs = 56;
 inline constexpr int kConsumerRegs = 224;
-static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= 65536,
-              "dcpattn: the register split must fit the register file");
+static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= kLaunchRegs * kThreads,
+              "dcpattn: the setmaxnreg split must fit the CTA's launch register allocation");
+static_assert(kLaunchRegs * kThreads <= 65536, "dcpattn: the launch allocation must fit the SM");
 static_assert(kRing >= kTileTokens + kGather && (kRing & (kRing - 1)) == 0,
               "dcpattn: the sparse ring must hold a tile plus one gather round");
 static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byte chunks");
