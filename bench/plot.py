@@ -139,6 +139,43 @@ def draw(plt, title, records, x_key, t_key, bw_key, keys, ceiling, path):
     print(f"plot: wrote {path} ({len(lines)} lines)")
 
 
+def plot_mla(plt, records, out_dir):
+    """mla_decode (bench_mla_decode + mla_decode_peer): TFLOP/s and GB/s over batch, beside the
+    measured matrix rate and copy bandwidth (the peer's "ceilings" record)."""
+    ceil = next((r for r in records if r.get("kernel") == "ceilings"), {})
+    rows = [r for r in records if r.get("kernel") in ("dense", "sparse")]
+    panels = [("dense", 128, 32768, "tflops", "dense, 128 heads, 32K context: TFLOP/s"),
+              ("dense", 128, 131072, "tflops", "dense, 128 heads, 128K context: TFLOP/s"),
+              ("dense", 16, 32768, "gbs", "dense, 16 heads, 32K context: GB/s"),
+              ("sparse", 128, 32768, "tflops", "sparse top-2048, 128 heads: TFLOP/s")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
+    for ax, (kind, heads, ctx, metric, title) in zip(axes, panels):
+        for impl in ("dcpattn", "pytorch_eager"):
+            for cache in ("bf16", "fp8"):
+                pts = sorted((r["batch"], r[metric]) for r in rows
+                             if r["kernel"] == kind and r["heads"] == heads
+                             and int(r["context"]) == ctx and r["cache"] == cache
+                             and r.get("peer", "dcpattn") == impl and metric in r)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                            linestyle="-" if impl == "dcpattn" else "--",
+                            label=f"{'dcpattn' if impl == 'dcpattn' else 'PyTorch eager'} {cache}")
+        ref = ceil.get("matmul_tflops") if metric == "tflops" else ceil.get("copy_gbs")
+        if ref:
+            ax.axhline(ref, color="gray", linestyle=":",
+                       label="bf16 matmul 8192^3" if metric == "tflops" else "copy bandwidth")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch (rows)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "mla_decode.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: wrote {path}")
+
+
 def main():
     results = sys.argv[1] if len(sys.argv) > 1 else "bench/results"
     out_dir = sys.argv[2] if len(sys.argv) > 2 else results
@@ -156,6 +193,9 @@ def main():
         return 0
     os.makedirs(out_dir, exist_ok=True)
     for family, records in sorted(families.items()):
+        if family == "mla_decode":
+            plot_mla(plt, records, out_dir)
+            continue
         ceiling = ceiling_of(records)
         records = [r for r in records if "copy_ceiling" not in (r.get("impl"), r.get("kernel"))]
         t_key = next((k for k in TIME_KEYS if any(k in r for r in records)), None)
