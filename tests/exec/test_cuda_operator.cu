@@ -108,8 +108,11 @@ Result assemble(const std::vector<bfloat16>& out_all, const std::vector<float>& 
 
 /// One forward of DcpAttention<RoundRobin, Gather, Kernel, Combiner, MpiStaged, Cuda> on this
 /// rank's device copy of the scenario; returns all heads on every rank.
+/// input_error: the scenario's top-k lists carry out-of-range entries; check_input_errors must
+/// then throw on every rank (naming topk_indices and the rank), else it must not throw.
 template <CacheFormat F, bool Sparse, class Gather, class Combiner>
-Result run_cuda(MpiStagedCommunicator& comm, const Scenario& s, const DcpConfig& cfg) {
+Result run_cuda(MpiStagedCommunicator& comm, const Scenario& s, const DcpConfig& cfg,
+                bool input_error = false) {
   using Kernel = std::conditional_t<Sparse, SparseMla<F>, DenseMla<F>>;
   using Op = DcpAttention<RoundRobinOwnership, Gather, Kernel, Combiner, MpiStagedCommunicator,
                           CudaExecution>;
@@ -151,6 +154,18 @@ Result run_cuda(MpiStagedCommunicator& comm, const Scenario& s, const DcpConfig&
   op.forward(a, cuda::std::span<std::byte>(ws.ptr, ws.n), stream.s);
   CUDA_OK(cudaStreamSynchronize(stream.s));
   CUDA_OK(cudaGetLastError());
+  std::string error;
+  try {
+    op.check_input_errors(cuda::std::span<const std::byte>(ws.ptr, ws.n), stream.s);
+  } catch (const dcpattn::Error& e) {
+    error = e.what();
+  }
+  if (input_error) {
+    CHECK(error.find("topk_indices") != std::string::npos);
+    CHECK(error.find("[rank " + std::to_string(rank) + "]") != std::string::npos);
+  } else {
+    CHECK(error.empty());
+  }
 
   const auto out_local = out.download();
   const auto lse_local = out_lse.download();
@@ -271,6 +286,30 @@ TEST_CASE("CUDA deterministic sparse fp8: N ranks are bitwise N = 1, close to th
           "[cuda][op][deterministic]") {
   check_invariance<CacheFormat::fp8_ds_mla, true>(1);
   check_invariance<CacheFormat::fp8_ds_mla, true>(64);
+}
+
+TEST_CASE("CUDA sparse: out-of-range top-k entries are skipped and reported by check_input_errors",
+          "[cuda][op][errors]") {
+  Scenario s = scenario_for(1, 97u);
+  // The last entry of the first two valid rows becomes out of range (>= the bound, then < -1);
+  // the reference is the same scenario with -1 there (the host path throws on such entries).
+  REQUIRE(s.num_valid_rows >= 2);
+  Scenario clean = s;
+  int planted = 0;
+  for (std::int64_t t = 0; t < 2; ++t) {
+    const std::size_t k = std::size_t(t * s.topk + s.topk - 1);
+    s.topk_idx[k] = t == 0 ? std::int32_t(s.row_bound[std::size_t(t)] + 3) : -7;
+    clean.topk_idx[k] = -1;
+    ++planted;
+  }
+  REQUIRE(planted == 2);
+  const DcpConfig world_cfg = make_config(s, dcpattn::test::world_size(), DcpMode::deterministic);
+  MpiStagedCommunicator world(MPI_COMM_WORLD, MpiStagedCommunicator::staging_bytes_for(world_cfg));
+  const Result bad =
+      run_cuda<CacheFormat::bf16, true, DirectWorkspace, AllToAll>(world, s, world_cfg, true);
+  const Result good =
+      run_cuda<CacheFormat::bf16, true, DirectWorkspace, AllToAll>(world, clean, world_cfg);
+  CHECK(bitwise_equal(bad, good));  // the bad entries were left out, nothing else changed
 }
 
 TEST_CASE("CUDA fast mode (bf16 partials, all-gather + reduce-scatter) is close to the host",

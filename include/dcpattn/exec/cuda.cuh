@@ -71,6 +71,20 @@ struct CudaExecution {
     cuda_kernels::pack(src, dst, stream);
   }
 
+  /// The input-error word of a forward (MlaDecodeParams::error_flags, device memory): zeroed on
+  /// the stream before the kernels (capturable); read back after them, which synchronizes the
+  /// stream (not capturable: DcpAttention::check_input_errors, outside graph capture).
+  void clear_input_errors(std::uint32_t* flags, stream_type stream) const {
+    DCPATTN_CUDA_CHECK(cudaMemsetAsync(flags, 0, sizeof(std::uint32_t), stream));
+  }
+  std::uint32_t read_input_errors(const std::uint32_t* flags, stream_type stream) const {
+    std::uint32_t v = 0;
+    DCPATTN_CUDA_CHECK(
+        cudaMemcpyAsync(&v, flags, sizeof(std::uint32_t), cudaMemcpyDeviceToHost, stream));
+    DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return v;
+  }
+
   /// Per-row local causal bound: local_length(row_bound[t], rank) for valid rows, 0 for padding.
   template <class Ownership>
   void row_local_lengths(const Ownership& own, int rank, TensorView<const std::int64_t, 1> bound,

@@ -44,6 +44,11 @@ struct HostExecution {
         for (std::int64_t c = 0; c < src.extent(2); ++c) dst[k++] = src(a, b, c);
   }
 
+  /// The input-error word of a forward (MlaDecodeParams::error_flags): zeroed before the kernels,
+  /// read after them. The host kernels throw instead of setting it, so it stays 0 here.
+  void clear_input_errors(std::uint32_t* flags, stream_type) const { *flags = 0; }
+  std::uint32_t read_input_errors(const std::uint32_t* flags, stream_type) const { return *flags; }
+
   /// Per-row local causal bound: local_length(row_bound[t], rank) for valid rows, 0 for padding.
   template <class Ownership>
   void row_local_lengths(const Ownership& own, int rank, TensorView<const std::int64_t, 1> bound,

@@ -201,6 +201,8 @@ class DcpAttention {
     p.interleave = c.interleave;
     p.num_splits = num_splits();
     p.num_valid_rows = a.num_valid_rows;
+    p.error_flags = reinterpret_cast<std::uint32_t*>(base + w.errors);
+    exec_.clear_input_errors(p.error_flags, stream);
     const cuda::std::span<std::byte> attention_scratch(base + w.attention, w.attention_bytes);
     if constexpr (Kernel::is_sparse) {
       exec_.mla_decode_sparse(outcome.query, a.cache, a.block_table, a.row_request, a.topk,
@@ -225,7 +227,29 @@ class DcpAttention {
     Combiner::template combine<typename Kernel::lse_base>(
         *comm_, exec_, ca, cuda::std::span<std::byte>(base + w.combine, w.combine_bytes), c,
         stream);
+    if (config_.validate_collectively) check_input_errors(workspace, stream);
     return ForwardInfo{outcome.used_fallback};
+  }
+
+  /// Throws dcpattn::Error (naming this rank and the input) when the last forward() that used
+  /// `workspace` met data-dependent bad input that its kernels skipped instead of throwing: the
+  /// CUDA kernels cannot throw without a host synchronization, so an out-of-range top-k entry
+  /// (< -1 or >= its row's bound) is left out of the attention and recorded in the workspace
+  /// (the host kernels throw from forward() itself). Reads that record back: synchronizes
+  /// `stream`, so call it where the engine synchronizes anyway, outside graph capture (forward()
+  /// calls it itself when config.validate_collectively is set). The outputs of such a step
+  /// exclude the bad entries and nothing outside the tensors was read or written.
+  void check_input_errors(cuda::std::span<const std::byte> workspace,
+                          stream_type stream = {}) const {
+    const Layout w = layout(config_);
+    DCPATTN_REQUIRE(workspace.size() >= w.total,
+                    "workspace has " + std::to_string(workspace.size()) + " bytes, " +
+                        std::to_string(w.total) + " needed (workspace_bytes)");
+    const std::uint32_t flags = exec_.read_input_errors(
+        reinterpret_cast<const std::uint32_t*>(workspace.data() + w.errors), stream);
+    if (flags != 0)
+      throw Error(describe_input_errors(flags), "DcpAttention::check_input_errors", __FILE__,
+                  __LINE__, comm_->rank());
   }
 
   /// Local splits per rank: V / N (the virtual shards this rank owns) when N divides V, else 1
@@ -240,7 +264,7 @@ class DcpAttention {
  private:
   struct Layout {
     std::size_t gather, gather_bytes, partial_o, partial_lse, row_lengths, attention,
-        attention_bytes, combine, combine_bytes, total;
+        attention_bytes, combine, combine_bytes, errors, total;
   };
   static Layout layout(const DcpConfig& c) {
     auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
@@ -263,6 +287,8 @@ class DcpAttention {
     l.combine = at;
     l.combine_bytes = c.group_size > 0 ? Combiner::scratch_bytes(c) : 0;
     at += align(l.combine_bytes);
+    l.errors = at;  // one std::uint32_t: MlaDecodeParams::error_flags of the last forward
+    at += align(sizeof(std::uint32_t));
     l.total = at;
     return l;
   }

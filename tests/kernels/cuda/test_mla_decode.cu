@@ -1103,6 +1103,58 @@ void check_host_merge_close(const Out& host_merged, const Out& one, std::int64_t
 
 }  // namespace
 
+TEST_CASE("CUDA sparse MLA decode skips out-of-range top-k entries and flags them",
+          "[cuda][mla][bounds]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
+  std::mt19937_64 rng(4242);
+  const Batch batch = make_batch({300, 200}, rng);
+  const RankCache c1 =
+      build_rank_cache(batch, RoundRobinOwnership(1, 1), 0, 64, CacheFormat::bf16, rng);
+  const std::int64_t T = 3, H = 16, K = 256;
+  Rows rows;
+  rows.request = {0, 1, 0};
+  rows.bound = {300, 150, 280};
+  rows.num_valid = 3;
+  const Queries q = make_queries(T, H, T, QLayout::row_major, rng());
+  const DeviceCache d1(c1);
+  const DeviceRows drows(rows);
+  // Clean lists: distinct positions below the bound, then -1. Bad lists: a few -1 slots hold
+  // entries >= the bound or < -1 instead (the kernels must leave them out).
+  std::vector<std::int32_t> clean(std::size_t(T * K), -1);
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::vector<std::int32_t> all(static_cast<std::size_t>(rows.bound[std::size_t(t)]));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    const std::int64_t n = std::min<std::int64_t>(std::int64_t(all.size()), K - 8);
+    for (std::int64_t k = 0; k < n; ++k) clean[std::size_t(t * K + k)] = all[std::size_t(k)];
+  }
+  std::vector<std::int32_t> bad = clean;
+  bad[std::size_t(0 * K + K - 1)] = 300;        // == bound
+  bad[std::size_t(1 * K + K - 2)] = 1 << 30;    // far beyond
+  bad[std::size_t(2 * K + K - 3)] = -2;         // < -1
+  bad[std::size_t(2 * K + K - 1)] = -2147483647;
+  const DeviceBuffer<std::int32_t> dclean(clean), dbad(bad);
+  DeviceBuffer<std::uint32_t> flags(1);
+  for (int num_splits : {1, 4}) {
+    CAPTURE(num_splits);
+    MlaDecodeParams p = params(64, 1, num_splits, T);
+    p.error_flags = flags.get();
+    DCPATTN_CUDA_CHECK(cudaMemset(flags.get(), 0, sizeof(std::uint32_t)));
+    const Out good = gpu_sparse(q, d1, drows, dclean, K, RoundRobinOwnership(1, 1), 0, p);
+    CHECK(flags.download()[0] == 0u);
+    const Out skipped = gpu_sparse(q, d1, drows, dbad, K, RoundRobinOwnership(1, 1), 0, p);
+    CHECK(flags.download()[0] == dcpattn::input_error_topk);
+    CHECK(bitwise_equal(good, skipped));
+    // Without a flag word the bad entries are skipped all the same.
+    p.error_flags = nullptr;
+    CHECK(bitwise_equal(good, gpu_sparse(q, d1, drows, dbad, K, RoundRobinOwnership(1, 1), 0, p)));
+  }
+  CHECK(dcpattn::describe_input_errors(dcpattn::input_error_topk).find("topk_indices") !=
+        std::string::npos);
+}
+
 TEST_CASE("CUDA dense MLA decode: N ranks with V/N splits merge bitwise to one rank with V splits",
           "[cuda][mla][dense][invariance]") {
   const bool mma_sync = GENERATE(false, true);

@@ -55,7 +55,8 @@
 // block_table, or whose row_local_length / row_bound is <= 0, gets the neutral state; a token whose
 // local page index is beyond block_table's extent, whose page id is negative, or whose slot is
 // beyond the cache is skipped (it does not take part in the softmax); a top-k entry that is
-// negative or >= the row's bound is treated as -1. (The host reference throws on all of these.)
+// negative or >= the row's bound is treated as -1, and one < -1 or >= the bound sets
+// input_error_topk in p.error_flags when given. (The host reference throws on all of these.)
 //
 // Launchers: argument checks (extents, parameters, scratch size) throw dcpattn::Error naming the
 // parameter before anything is enqueued; launches are stream-ordered with no allocation and no
@@ -165,6 +166,7 @@ struct SplitArgs {
   TensorView<const std::int64_t, 1> row_bound;         // sparse
   Own own;                                             // sparse
   int rank;                                            // sparse
+  std::uint32_t* error_flags;                          // optional: input_error_* bits
   TensorView<float, 3> o;                              // written when num_splits == 1
   TensorView<float, 2> lse;                            // written when num_splits == 1
   float* scratch_o;                                    // (S, T, H, 512) when num_splits > 1
@@ -470,6 +472,8 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
         std::int64_t slot = -1;
         if (idx < list) {
           const std::int64_t g = a.topk(t, idx);
+          if ((g < -1 || g >= bound) && a.error_flags != nullptr)
+            atomicOr(a.error_flags, input_error_topk);
           if (g >= 0 && g < bound && int(a.own.owner(g)) == a.rank) {
             const std::int64_t pos = std::int64_t(a.own.local_position(g));
             if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
@@ -1209,6 +1213,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           std::int64_t slot = -1;
           if (idx < list) {
             const std::int64_t gpos = a.topk(t, idx);
+            if ((gpos < -1 || gpos >= bound) && a.error_flags != nullptr)
+              atomicOr(a.error_flags, input_error_topk);
             if (gpos >= 0 && gpos < bound && int(a.own.owner(gpos)) == a.rank) {
               const std::int64_t pos = std::int64_t(a.own.local_position(gpos));
               if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
@@ -1649,6 +1655,7 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
   a.softmax_scale = p.softmax_scale;
   a.cache_vector = cache_vector_path(cache);
   a.rank = 0;
+  a.error_flags = p.error_flags;
   if (p.num_splits > 1) {
     a.scratch_o = reinterpret_cast<float*>(scratch.data());
     a.scratch_lse = a.scratch_o +
@@ -1841,7 +1848,8 @@ void mla_decode_dense(const QView& q, const CacheView& cache,
 /// local state. Semantics of dcpattn::host::mla_decode_sparse: each row lists GLOBAL positions
 /// (any order, -1 = none, duplicates attended as listed); the rank keeps those it owns
 /// (own.owner(g) == rank) at local position own.local_position(g), split
-/// (local position / I) mod S, in list order. An entry < 0 or >= row_bound[t] is treated as -1.
+/// (local position / I) mod S, in list order. An entry < 0 or >= row_bound[t] is treated as -1;
+/// one < -1 or >= row_bound[t] also sets input_error_topk in *p.error_flags (when not null).
 ///
 /// @tparam Ownership a SlotOwnership model whose owner() and local_position() are callable on the
 ///                   device (e.g. RoundRobinOwnership); when it has interleave(), it must equal
