@@ -72,7 +72,8 @@ __global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t see
       v = __float_as_uint(s);
     } else {
       const float a = 2.0f * uniform(seed + 2, w) - 1.0f, b = 2.0f * uniform(seed + 3, w) - 1.0f;
-      v = std::uint32_t(bfloat16::from_float(a).bits) | (std::uint32_t(bfloat16::from_float(b).bits) << 16);
+      v = std::uint32_t(bfloat16::from_float(a).bits) |
+          (std::uint32_t(bfloat16::from_float(b).bits) << 16);
     }
     *reinterpret_cast<std::uint32_t*>(p + e * E::bytes + off) = v;
   }
@@ -80,7 +81,9 @@ __global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t see
 
 struct DeviceBuffer {
   void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) { DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1)); }
+  explicit DeviceBuffer(std::size_t bytes) {
+    DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1));
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { cudaFree(ptr); }
@@ -99,7 +102,9 @@ struct Case {
   int topk;  // sparse only
 };
 
-std::string format_name(CacheFormat f) { return f == CacheFormat::bf16 ? "bf16" : "fp8"; }
+std::string format_name(CacheFormat f) {
+  return f == CacheFormat::bf16 ? "bf16" : "fp8";
+}
 
 /// Runs one case; returns false (and records nothing) when it does not fit in device memory.
 bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs, void* flush,
@@ -109,7 +114,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const std::int64_t pages_per_req = (L + kPage - 1) / kPage;
   const std::int64_t num_pages = pages_per_req * B;
   const std::int64_t slots = num_pages * kPage;
-  const int row_bytes = dcpattn::mla_cache_row_width(c.format) * (c.format == CacheFormat::bf16 ? 2 : 1);
+  const int row_bytes =
+      dcpattn::mla_cache_row_width(c.format) * (c.format == CacheFormat::bf16 ? 2 : 1);
   const std::size_t cache_bytes = std::size_t(slots) * std::size_t(row_bytes);
   std::size_t free_b = 0, total_b = 0;
   DCPATTN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -128,14 +134,17 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   std::mt19937_64 rng(7);
   std::shuffle(table.begin(), table.end(), rng);
   DeviceBuffer d_table(table.size() * 4);
-  DCPATTN_CUDA_CHECK(cudaMemcpy(d_table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  DCPATTN_CUDA_CHECK(
+      cudaMemcpy(d_table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
 
   std::vector<std::int32_t> row_request(static_cast<std::size_t>(B));
   std::iota(row_request.begin(), row_request.end(), 0);
   std::vector<std::int64_t> row_len(static_cast<std::size_t>(B), L);
   DeviceBuffer d_req(4 * std::size_t(B)), d_len(8 * std::size_t(B));
-  DCPATTN_CUDA_CHECK(cudaMemcpy(d_req.ptr, row_request.data(), 4 * std::size_t(B), cudaMemcpyHostToDevice));
-  DCPATTN_CUDA_CHECK(cudaMemcpy(d_len.ptr, row_len.data(), 8 * std::size_t(B), cudaMemcpyHostToDevice));
+  DCPATTN_CUDA_CHECK(
+      cudaMemcpy(d_req.ptr, row_request.data(), 4 * std::size_t(B), cudaMemcpyHostToDevice));
+  DCPATTN_CUDA_CHECK(
+      cudaMemcpy(d_len.ptr, row_len.data(), 8 * std::size_t(B), cudaMemcpyHostToDevice));
 
   DeviceBuffer q(std::size_t(B) * H * 576 * 2);
   fill_bf16<<<1024, 256, 0, stream>>>(q.as<bfloat16>(), std::size_t(B) * H * 576, 5);
@@ -155,7 +164,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       }
       std::copy(pos.begin(), pos.begin() + K, topk.begin() + std::ptrdiff_t(b) * K);
     }
-    DCPATTN_CUDA_CHECK(cudaMemcpy(d_topk.ptr, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice));
+    DCPATTN_CUDA_CHECK(
+        cudaMemcpy(d_topk.ptr, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice));
   }
 
   const std::int64_t attended = c.sparse ? K : L;
@@ -165,7 +175,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   p.interleave = 1;
   p.num_valid_rows = B;
   p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
-  const std::size_t scratch_bytes = dcpattn::cuda_kernels::mla_decode_scratch_bytes(B, H, p.num_splits);
+  const std::size_t scratch_bytes =
+      dcpattn::cuda_kernels::mla_decode_scratch_bytes(B, H, p.num_splits);
   DeviceBuffer scratch(scratch_bytes);
 
   auto qv = dcpattn::make_view(static_cast<const bfloat16*>(q.ptr), {B, H, 576});
@@ -182,13 +193,15 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
     if (c.format == CacheFormat::bf16) {
       auto cv = dcpattn::make_view(static_cast<const bfloat16*>(cache.ptr), {slots, 576});
       if (c.sparse)
-        dcpattn::cuda_kernels::mla_decode_sparse(qv, cv, tv, rv, kv, len_v, own, 0, p, ov, lv, sc, stream);
+        dcpattn::cuda_kernels::mla_decode_sparse(qv, cv, tv, rv, kv, len_v, own, 0, p, ov, lv, sc,
+                                                 stream);
       else
         dcpattn::cuda_kernels::mla_decode_dense(qv, cv, tv, rv, len_v, p, ov, lv, sc, stream);
     } else {
       auto cv = dcpattn::make_view(static_cast<const std::uint8_t*>(cache.ptr), {slots, 656});
       if (c.sparse)
-        dcpattn::cuda_kernels::mla_decode_sparse(qv, cv, tv, rv, kv, len_v, own, 0, p, ov, lv, sc, stream);
+        dcpattn::cuda_kernels::mla_decode_sparse(qv, cv, tv, rv, kv, len_v, own, 0, p, ov, lv, sc,
+                                                 stream);
       else
         dcpattn::cuda_kernels::mla_decode_dense(qv, cv, tv, rv, len_v, p, ov, lv, sc, stream);
     }
@@ -197,12 +210,15 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
 
   const double flops = 2.0 * double(B) * H * double(attended) * (576 + 512);
   const double bytes = double(B) * double(attended) * row_bytes + double(B) * H * 576 * 2 +
-                       double(B) * H * (512 + 1) * 4 + double(B) * (c.sparse ? K * 4.0 : pages_per_req * 4.0);
+                       double(B) * H * (512 + 1) * 4 +
+                       double(B) * (c.sparse ? K * 4.0 : pages_per_req * 4.0);
   const double tflops = flops / (us * 1e6);
   const double gbs = bytes / (us * 1e3);
-  std::printf("%-6s %-4s B=%4d L=%7lld H=%4d S=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of copy)\n",
-              c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
-              p.num_splits, us, tflops, gbs, 100.0 * gbs / copy_gbs);
+  std::printf(
+      "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
+      "copy)\n",
+      c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
+      p.num_splits, us, tflops, gbs, 100.0 * gbs / copy_gbs);
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -232,7 +248,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     DCPATTN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     const double copy_gbs = dcpattn::bench::measure_copy_bandwidth_gbs(stream);
-    std::printf("device %s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name, prop.multiProcessorCount, copy_gbs);
+    std::printf("device %s, %d SMs, copy bandwidth %.0f GB/s\n", prop.name,
+                prop.multiProcessorCount, copy_gbs);
     const std::size_t flush_bytes = std::size_t(256) << 20;
     DeviceBuffer flush(flush_bytes);
     dcpattn::bench::JsonRecords json;
@@ -259,9 +276,9 @@ int main(int argc, char** argv) {
     // DCPATTN_BENCH_FILTER="dense bf16 B=128 L=32768 H=128": only cases whose label contains it.
     const char* filter = std::getenv("DCPATTN_BENCH_FILTER");
     for (const Case& c : cases) {
-      const std::string label = std::string(c.sparse ? "sparse " : "dense ") + format_name(c.format) +
-                                " B=" + std::to_string(c.batch) + " L=" + std::to_string(c.context) +
-                                " H=" + std::to_string(c.heads);
+      const std::string label = std::string(c.sparse ? "sparse " : "dense ") +
+                                format_name(c.format) + " B=" + std::to_string(c.batch) +
+                                " L=" + std::to_string(c.context) + " H=" + std::to_string(c.heads);
       if (filter && label.find(filter) == std::string::npos) continue;
       if (!run_case(c, stream, prop.multiProcessorCount, copy_gbs, flush.ptr, flush_bytes, json))
         std::printf("skipped (does not fit): B=%d L=%lld\n", c.batch, (long long)c.context);

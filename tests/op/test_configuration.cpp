@@ -264,3 +264,48 @@ TEST_CASE("validate_collectively: one rank's bad input raises on every rank, nam
   a.q = make_view(static_cast<const bfloat16*>(q_ok.data()), {t, hl, std::int64_t(kMlaQkDim)});
   CHECK_NOTHROW(op.forward(a, ws));
 }
+
+TEST_CASE("validate_collectively: a rank whose attention throws mid-step raises on every rank",
+          "[op][config]") {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int n = world.size(), culprit = n - 1;
+  DcpConfig c = good_config(n);
+  c.validate_collectively = true;
+  DenseOp op(world, c);
+  const std::int64_t t = 1, hl = c.num_heads / n;
+  // Every rank owns one of the row's n tokens (local position 0, page 0). The culprit's block
+  // table points page 0 outside its cache: its inputs pass the extent checks, and its attention
+  // kernel throws after the query gather (a collective) has run.
+  std::vector<bfloat16> q(std::size_t(t * hl * kMlaQkDim), bfloat16::from_float(0.25f));
+  std::vector<bfloat16> cache(64 * kMlaQkDim, bfloat16::from_float(0.5f));
+  std::vector<std::int32_t> table{world.rank() == culprit ? 5 : 0}, req{0};
+  std::vector<std::int64_t> bound{n};
+  std::vector<bfloat16> out(std::size_t(t * hl * kMlaVDim));
+  std::vector<float> out_lse(std::size_t(t * hl));
+  DenseOp::Arguments a;
+  a.q = make_view(static_cast<const bfloat16*>(q.data()), {t, hl, std::int64_t(kMlaQkDim)});
+  a.cache = make_view(static_cast<const bfloat16*>(cache.data()), {64, std::int64_t(kMlaQkDim)});
+  a.block_table = make_view(static_cast<const std::int32_t*>(table.data()), {1, 1});
+  a.row_request = make_view(static_cast<const std::int32_t*>(req.data()), {t});
+  a.row_bound = make_view(static_cast<const std::int64_t*>(bound.data()), {t});
+  a.num_valid_rows = 1;
+  a.out = make_view(out.data(), {t, hl, std::int64_t(kMlaVDim)});
+  a.out_lse = make_view(out_lse.data(), {t, hl});
+  std::vector<std::byte> ws(DenseOp::workspace_bytes(c));
+  std::string message;
+  try {
+    op.forward(a, ws);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  if (world.rank() == culprit)
+    CHECK(message.find("outside the cache") != std::string::npos);
+  else
+    CHECK(message.find("rank " + std::to_string(culprit) +
+                       " of the DCP group failed in the attention stage") != std::string::npos);
+  // the group is still in step: a good call on every rank runs and attends all n tokens
+  table[0] = 0;
+  CHECK_NOTHROW(op.forward(a, ws));
+  for (float l : out_lse) CHECK(std::isfinite(l));
+}

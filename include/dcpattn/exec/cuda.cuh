@@ -8,8 +8,8 @@
 #include <memory>
 #include <type_traits>
 
-#include <cuda/std/span>
 #include <cuda_runtime.h>
+#include <cuda/std/span>
 
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/lse.hpp"
@@ -124,8 +124,8 @@ struct CudaExecution {
                         int num_valid_rows, int group_size, PartialDtype dtype,
                         const detail::A2aChunkLayout& layout, std::byte* send,
                         stream_type stream) const {
-    cuda_kernels::combine_pack_a2a<LseBase>(o, lse, num_valid_rows, group_size, dtype, layout,
-                                            send, stream);
+    cuda_kernels::combine_pack_a2a<LseBase>(o, lse, num_valid_rows, group_size, dtype, layout, send,
+                                            stream);
   }
 
   /// See cuda_kernels::combine_merge_a2a.

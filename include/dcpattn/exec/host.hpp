@@ -83,8 +83,7 @@ struct HostExecution {
   template <class LseBase>
   void combine_pack_a2a(TensorView<const float, 3> o, TensorView<const float, 2> lse,
                         int num_valid_rows, int group_size, PartialDtype dtype,
-                        const detail::A2aChunkLayout& layout, std::byte* send,
-                        stream_type) const {
+                        const detail::A2aChunkLayout& layout, std::byte* send, stream_type) const {
     host::combine_pack_a2a<LseBase>(o, lse, num_valid_rows, group_size, dtype, layout, send);
   }
 

@@ -204,18 +204,30 @@ class DcpAttention {
     p.error_flags = reinterpret_cast<std::uint32_t*>(base + w.errors);
     exec_.clear_input_errors(p.error_flags, stream);
     const cuda::std::span<std::byte> attention_scratch(base + w.attention, w.attention_bytes);
-    if constexpr (Kernel::is_sparse) {
-      exec_.mla_decode_sparse(outcome.query, a.cache, a.block_table, a.row_request, a.topk,
-                              a.row_bound, own_, comm_->rank(), p, o, lse, attention_scratch,
-                              stream);
-    } else {
-      auto* local_len = reinterpret_cast<std::int64_t*>(base + w.row_lengths);
-      exec_.row_local_lengths(own_, comm_->rank(), a.row_bound, a.num_valid_rows, local_len,
-                              stream);
-      exec_.mla_decode_dense(outcome.query, a.cache, a.block_table, a.row_request,
-                             make_view(static_cast<const std::int64_t*>(local_len), {t}), p, o, lse,
-                             attention_scratch, stream);
+    // The attention stage sits between two collectives and can throw on data (the host kernels
+    // check top-k entries, requests and pages as they read them). In validate_collectively mode a
+    // throw on one rank is agreed on before the combine, so every rank raises instead of the
+    // others waiting in it.
+    std::string attention_error;
+    try {
+      if constexpr (Kernel::is_sparse) {
+        exec_.mla_decode_sparse(outcome.query, a.cache, a.block_table, a.row_request, a.topk,
+                                a.row_bound, own_, comm_->rank(), p, o, lse, attention_scratch,
+                                stream);
+      } else {
+        auto* local_len = reinterpret_cast<std::int64_t*>(base + w.row_lengths);
+        exec_.row_local_lengths(own_, comm_->rank(), a.row_bound, a.num_valid_rows, local_len,
+                                stream);
+        exec_.mla_decode_dense(outcome.query, a.cache, a.block_table, a.row_request,
+                               make_view(static_cast<const std::int64_t*>(local_len), {t}), p, o,
+                               lse, attention_scratch, stream);
+      }
+    } catch (const Error& e) {
+      if (!config_.validate_collectively) throw;
+      attention_error = e.message();
     }
+    if (config_.validate_collectively)
+      agree_on_failure(attention_error, "failed in the attention stage; no rank combined");
 
     // 3. merge the N partial states of this rank's heads
     CombineArgs ca{};
@@ -341,26 +353,32 @@ class DcpAttention {
   /// check_arguments, agreed across the group: if any rank refuses its inputs, every rank throws
   /// an Error naming the lowest such rank (and its message, on that rank).
   void check_arguments_collectively(const Arguments& a, cuda::std::span<std::byte> workspace) {
+    std::string mine;
+    try {
+      check_arguments(a, workspace);
+    } catch (const Error& e) {
+      mine = e.message();
+    }
+    agree_on_failure(mine, "refused its inputs; no rank communicated");
+  }
+
+  /// One small collective: when any rank's `mine` is non-empty (its failure), every rank throws
+  /// an Error: the failing rank with its own message, the others naming the lowest failing rank
+  /// and `what` ("rank 2 of the DCP group <what>").
+  void agree_on_failure(const std::string& mine, const char* what) {
     if constexpr (!comm_can_agree) {
-      check_arguments(a, workspace);  // unreachable: can_implement refuses the combination
-      return;
+      if (!mine.empty()) throw Error(mine, "DcpAttention::forward");  // unreachable, see
+      return;                                                         // can_implement
     } else {
-      std::string mine;
-      try {
-        check_arguments(a, workspace);
-      } catch (const Error& e) {
-        mine = e.message();
-      }
       const int me = comm_->rank();
       const int n = comm_->size();
-      // the lowest refusing rank r reports as n - r, so max() picks it; 0 = everyone accepted
+      // the lowest failing rank r reports as n - r, so max() picks it; 0 = everyone succeeded
       const int worst = comm_->all_reduce_max_int(mine.empty() ? 0 : n - me);
       if (worst == 0) return;
       const int culprit = n - worst;
-      throw Error(culprit == me ? mine
-                                : "rank " + std::to_string(culprit) +
-                                      " of the DCP group refused its inputs; no rank communicated",
-                  "DcpAttention::forward");
+      throw Error(
+          culprit == me ? mine : "rank " + std::to_string(culprit) + " of the DCP group " + what,
+          "DcpAttention::forward");
     }
   }
 

@@ -1131,9 +1131,9 @@ TEST_CASE("CUDA sparse MLA decode skips out-of-range top-k entries and flags the
     for (std::int64_t k = 0; k < n; ++k) clean[std::size_t(t * K + k)] = all[std::size_t(k)];
   }
   std::vector<std::int32_t> bad = clean;
-  bad[std::size_t(0 * K + K - 1)] = 300;        // == bound
-  bad[std::size_t(1 * K + K - 2)] = 1 << 30;    // far beyond
-  bad[std::size_t(2 * K + K - 3)] = -2;         // < -1
+  bad[std::size_t(0 * K + K - 1)] = 300;      // == bound
+  bad[std::size_t(1 * K + K - 2)] = 1 << 30;  // far beyond
+  bad[std::size_t(2 * K + K - 3)] = -2;       // < -1
   bad[std::size_t(2 * K + K - 1)] = -2147483647;
   const DeviceBuffer<std::int32_t> dclean(clean), dbad(bad);
   DeviceBuffer<std::uint32_t> flags(1);

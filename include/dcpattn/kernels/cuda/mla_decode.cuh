@@ -768,7 +768,8 @@ __global__ void __launch_bounds__(kMlaVDim)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DCPATTN_MLA_WGMMA 1
 #else
-#error "dcpattn: the MLA decode kernels need the sm_90a target on compute capability 9.0 (CMAKE_CUDA_ARCHITECTURES=90a, or -gencode arch=compute_90a,code=sm_90a), not sm_90"
+#error \
+    "dcpattn: the MLA decode kernels need the sm_90a target on compute capability 9.0 (CMAKE_CUDA_ARCHITECTURES=90a, or -gencode arch=compute_90a,code=sm_90a), not sm_90"
 #endif
 #endif
 
@@ -783,14 +784,14 @@ namespace wg {
 inline constexpr int kConsumers = 256;  // warpgroups 0 and 1: tensor-core products and softmax
 inline constexpr int kProducers = 128;  // warpgroup 2: slots, copies, fp8 dequantization
 inline constexpr int kThreads = kConsumers + kProducers;
-inline constexpr int kHeads = 64;                     // heads per CTA: the wgmma M
-inline constexpr int kBlock = kTileTokens * 128;      // one 64-dim column block (8 KiB)
-inline constexpr int kDimBlocks = kMlaQkDim / 64;     // 9
-inline constexpr int kTile = kDimBlocks * kBlock;     // a Q block or a K/V tile: 73,728 bytes
+inline constexpr int kHeads = 64;                       // heads per CTA: the wgmma M
+inline constexpr int kBlock = kTileTokens * 128;        // one 64-dim column block (8 KiB)
+inline constexpr int kDimBlocks = kMlaQkDim / 64;       // 9
+inline constexpr int kTile = kDimBlocks * kBlock;       // a Q block or a K/V tile: 73,728 bytes
 inline constexpr int kRawEntry = DsMlaFp8Entry::bytes;  // 656 = 41 x 16
-inline constexpr int kRing = 256;         // sparse: gathered list entries (slots)
+inline constexpr int kRing = 256;                       // sparse: gathered list entries (slots)
 inline constexpr int kGather = kProducers;  // sparse: list entries examined per gather round
-inline constexpr int kSlotBufs = 4;       // tiles whose slots are held (in flight + computed)
+inline constexpr int kSlotBufs = 4;         // tiles whose slots are held (in flight + computed)
 /// Registers per thread after the producer/consumer split (setmaxnreg). setmaxnreg moves
 /// registers only within the CTA's launch allocation (168 per thread: 65536 / 384 rounded down to
 /// a multiple of 8); a consumer's increase waits until the producers' decrease has freed enough,
@@ -813,12 +814,12 @@ struct Smem {
   static constexpr std::size_t k = q + kTile;
   static constexpr std::size_t raw = k + std::size_t(stages) * kTile;
   static constexpr std::size_t p = raw + (kFp8 ? std::size_t(kTileTokens) * kRawEntry : 0);
-  static constexpr std::size_t slot = p + std::size_t(kHeads) * 128;          // int32 [4][64]
-  static constexpr std::size_t count = slot + kSlotBufs * kTileTokens * 4;   // int32 [4]
-  static constexpr std::size_t xrow = count + kSlotBufs * 4;                 // float [2][64]
-  static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                 // int32 [kRing]
-  static constexpr std::size_t wsum = ring + kRing * 4;                      // int [4]
-  static constexpr std::size_t bar = wsum + 4 * 4;                           // u64 full[2], empty[2]
+  static constexpr std::size_t slot = p + std::size_t(kHeads) * 128;        // int32 [4][64]
+  static constexpr std::size_t count = slot + kSlotBufs * kTileTokens * 4;  // int32 [4]
+  static constexpr std::size_t xrow = count + kSlotBufs * 4;                // float [2][64]
+  static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                // int32 [kRing]
+  static constexpr std::size_t wsum = ring + kRing * 4;                     // int [4]
+  static constexpr std::size_t bar = wsum + 4 * 4;                          // u64 full[2], empty[2]
   static constexpr std::size_t bytes = bar + 4 * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
   static_assert(bar % 8 == 0, "dcpattn: mbarriers must be 8-byte aligned");
@@ -849,8 +850,12 @@ DCPATTN_DEVICE void mbar_wait(std::uint64_t* bar, int parity) {
 DCPATTN_DEVICE void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-DCPATTN_DEVICE void consumer_barrier() { named_barrier(1, kConsumers); }
-DCPATTN_DEVICE void producer_barrier() { named_barrier(2, kProducers); }
+DCPATTN_DEVICE void consumer_barrier() {
+  named_barrier(1, kConsumers);
+}
+DCPATTN_DEVICE void producer_barrier() {
+  named_barrier(2, kProducers);
+}
 
 /// Offset of 16-byte chunk c (0..71) of row r (0..63) in a swizzled 64 x 576 tile.
 DCPATTN_DEVICE std::uint32_t tile_offset(int r, int c) {
@@ -899,23 +904,27 @@ DCPATTN_DEVICE void cp_async_wait() {
 }
 
 DCPATTN_DEVICE void wgmma_m64n32_qk(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
-                            int accumulate) {
+                                    int accumulate) {
 #if defined(DCPATTN_MLA_WGMMA)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
       "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
-  (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+  (void)d;
+  (void)desc_a;
+  (void)desc_b;
+  (void)accumulate;
   __trap();
 #endif
 }
 DCPATTN_DEVICE void wgmma_m64n256_pv(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
-                            int accumulate) {
+                                     int accumulate) {
 #if defined(DCPATTN_MLA_WGMMA)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -927,27 +936,34 @@ DCPATTN_DEVICE void wgmma_m64n256_pv(float (&d)[128], std::uint64_t desc_a, std:
       "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127}, "
       "%128, %129, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
-  (void)d; (void)desc_a; (void)desc_b; (void)accumulate;
+  (void)d;
+  (void)desc_a;
+  (void)desc_b;
+  (void)accumulate;
   __trap();
 #endif
 }
@@ -1081,8 +1097,8 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
     {
       const int c = lane;  // 16 codes
       const uint4 raw = *reinterpret_cast<const uint4*>(e + c * 16);
-      const float scale = *reinterpret_cast<const float*>(
-          e + DsMlaFp8Entry::scales_offset + 4 * (c * 16 / DsMlaFp8Entry::group_size));
+      const float scale = *reinterpret_cast<const float*>(e + DsMlaFp8Entry::scales_offset +
+                                                          4 * (c * 16 / DsMlaFp8Entry::group_size));
       const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
       std::uint32_t out[8];
 #pragma unroll
@@ -1462,7 +1478,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 }  // namespace wg
 
-
 // ---------------------------------------------------------------------------------------------
 // Host side
 
@@ -1607,9 +1622,9 @@ void validate_common(const QView& q, const CacheView& cache,
   const std::int64_t h = q.extent(1);
   DCPATTN_REQUIRE(block_table.extent(0) >= 0 && block_table.extent(1) >= 0,
                   "block_table must be (num_requests, max_pages)");
-  DCPATTN_REQUIRE(p.num_splits <= kMaxSplits,
-                  "num_splits (" + std::to_string(p.num_splits) +
-                      ") must be a power of two in [1, " + std::to_string(kMaxSplits) + "]");
+  DCPATTN_REQUIRE(p.num_splits <= kMaxSplits, "num_splits (" + std::to_string(p.num_splits) +
+                                                  ") must be a power of two in [1, " +
+                                                  std::to_string(kMaxSplits) + "]");
   DCPATTN_REQUIRE(t <= std::int64_t(INT_MAX),
                   "tokens (" + std::to_string(t) + ") must be at most " + std::to_string(INT_MAX));
   const std::int64_t head_blocks = h <= 16 ? 1 : (h + 63) / 64;  // see head_tiles_for
@@ -1675,10 +1690,10 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
   if (rows == 0) return;
   const unsigned grid = unsigned(rows);
   switch (count) {
-#define DCPATTN_MLA_MERGE_CASE(S)                                                        \
-  case S:                                                                                \
+#define DCPATTN_MLA_MERGE_CASE(S)                                                           \
+  case S:                                                                                   \
     mla_merge_kernel<S><<<grid, kMlaVDim, 0, stream>>>(states_o, states_lse, tokens, heads, \
-                                                       num_valid_rows, o, lse);          \
+                                                       num_valid_rows, o, lse);             \
     break;
     DCPATTN_MLA_MERGE_CASE(1)
     DCPATTN_MLA_MERGE_CASE(2)
@@ -1785,8 +1800,8 @@ void sparse_splits(const QView& q, const CacheView& cache,
 /// (count, T, H) natural log, contiguous; writes the merged state to o (T, H, 512) and
 /// lse (T, H); rows t >= num_valid_rows get the neutral state and their states are not read.
 /// count: a power of two in [1, 64].
-inline void merge_states(const float* states_o, const float* states_lse, int count, std::int64_t tokens,
-                         int heads, int num_valid_rows, TensorView<float, 3> o,
+inline void merge_states(const float* states_o, const float* states_lse, int count,
+                         std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
                          TensorView<float, 2> lse, cudaStream_t stream) {
   DCPATTN_REQUIRE(is_power_of_two(count) && count <= kMaxSplits,
                   "count (" + std::to_string(count) + ") must be a power of two in [1, " +
