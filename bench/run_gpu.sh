@@ -135,6 +135,14 @@ for exe in "${benches[@]}"; do
   step "$name" "$exe" "$RESULTS/${name#bench_}.json"
 done
 
+# bench_comm over NCCL needs one MPI process per GPU: run it again at the machine's GPU count.
+if enabled bench && [ -x "$BUILD/bench/bench_comm" ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  if [ "${gpus:-0}" -ge 2 ]; then
+    step "bench_comm_np$gpus" mpirun -np "$gpus" "$BUILD/bench/bench_comm" "$RESULTS/comm_np$gpus.json"
+  fi
+fi
+
 # ---- 5. PyTorch peers ----
 if ! enabled peers; then
   :
