@@ -223,6 +223,46 @@ TEST_CASE("a configuration that differs across ranks is refused on every rank", 
   CHECK(message.find("differs across the DCP group") != std::string::npos);
 }
 
+/// One decode row of a dense bf16 step on this rank: q with `heads` local heads (H_local unless a
+/// test plants a mismatch), a one-page cache and block table, the row attending `bound` tokens.
+struct OneRowStep {
+  std::int64_t hl;
+  std::vector<bfloat16> q, cache, out;
+  std::vector<float> out_lse;
+  std::vector<std::int32_t> table{0}, req{0};
+  std::vector<std::int64_t> bound;
+  OneRowStep(const DcpConfig& c, std::int64_t heads, std::int64_t row_bound)
+      : hl(c.num_heads / c.group_size),
+        q(std::size_t(heads) * kMlaQkDim, bfloat16::from_float(0.25f)),
+        cache(64 * kMlaQkDim, bfloat16::from_float(0.5f)),
+        out(std::size_t(hl) * kMlaVDim),
+        out_lse(std::size_t(hl)),
+        bound{row_bound} {}
+  DenseOp::Arguments arguments() {
+    const std::int64_t heads = std::int64_t(q.size()) / kMlaQkDim;
+    DenseOp::Arguments a;
+    a.q = make_view(static_cast<const bfloat16*>(q.data()), {1, heads, std::int64_t(kMlaQkDim)});
+    a.cache = make_view(static_cast<const bfloat16*>(cache.data()), {64, std::int64_t(kMlaQkDim)});
+    a.block_table = make_view(static_cast<const std::int32_t*>(table.data()), {1, 1});
+    a.row_request = make_view(static_cast<const std::int32_t*>(req.data()), {1});
+    a.row_bound = make_view(static_cast<const std::int64_t*>(bound.data()), {1});
+    a.num_valid_rows = 1;
+    a.out = make_view(out.data(), {1, hl, std::int64_t(kMlaVDim)});
+    a.out_lse = make_view(out_lse.data(), {1, hl});
+    return a;
+  }
+};
+
+/// The what() of the Error forward() raises, or "" when it returns.
+std::string forward_error(DenseOp& op, const DenseOp::Arguments& a, std::vector<std::byte>& ws) {
+  try {
+    op.forward(a, ws);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST_CASE("validate_collectively: one rank's bad input raises on every rank, naming it",
           "[op][config]") {
   MpiCommunicator world(MPI_COMM_WORLD);
@@ -230,29 +270,11 @@ TEST_CASE("validate_collectively: one rank's bad input raises on every rank, nam
   DcpConfig c = good_config(n);
   c.validate_collectively = true;
   DenseOp op(world, c);
-  const std::int64_t t = 1, hl = c.num_heads / n;
   // the culprit passes q with one head too many; everyone else is fine
-  const std::int64_t heads = world.rank() == culprit ? hl + 1 : hl;
-  std::vector<bfloat16> q(std::size_t(t * heads * kMlaQkDim));
-  std::vector<bfloat16> cache(64 * kMlaQkDim);
-  std::vector<std::int32_t> table{0}, req{0};
-  std::vector<std::int64_t> bound{1};
-  std::vector<bfloat16> out(std::size_t(t * hl * kMlaVDim));
-  DenseOp::Arguments a;
-  a.q = make_view(static_cast<const bfloat16*>(q.data()), {t, heads, std::int64_t(kMlaQkDim)});
-  a.cache = make_view(static_cast<const bfloat16*>(cache.data()), {64, std::int64_t(kMlaQkDim)});
-  a.block_table = make_view(static_cast<const std::int32_t*>(table.data()), {1, 1});
-  a.row_request = make_view(static_cast<const std::int32_t*>(req.data()), {t});
-  a.row_bound = make_view(static_cast<const std::int64_t*>(bound.data()), {t});
-  a.num_valid_rows = 1;
-  a.out = make_view(out.data(), {t, hl, std::int64_t(kMlaVDim)});
+  const std::int64_t hl = c.num_heads / n;
+  OneRowStep step(c, world.rank() == culprit ? hl + 1 : hl, 1);
   std::vector<std::byte> ws(DenseOp::workspace_bytes(c));
-  std::string message;
-  try {
-    op.forward(a, ws);
-  } catch (const Error& e) {
-    message = e.what();
-  }
+  const std::string message = forward_error(op, step.arguments(), ws);
   INFO(message);
   if (world.rank() == culprit)
     CHECK(message.find("q must be") != std::string::npos);
@@ -260,9 +282,8 @@ TEST_CASE("validate_collectively: one rank's bad input raises on every rank, nam
     CHECK(message.find("rank " + std::to_string(culprit) + " of the DCP group refused") !=
           std::string::npos);
   // the group is still usable afterwards: a good call on every rank runs
-  std::vector<bfloat16> q_ok(std::size_t(t * hl * kMlaQkDim));
-  a.q = make_view(static_cast<const bfloat16*>(q_ok.data()), {t, hl, std::int64_t(kMlaQkDim)});
-  CHECK_NOTHROW(op.forward(a, ws));
+  OneRowStep good(c, hl, 1);
+  CHECK(forward_error(op, good.arguments(), ws).empty());
 }
 
 TEST_CASE("validate_collectively: a rank whose attention throws mid-step raises on every rank",
@@ -272,32 +293,13 @@ TEST_CASE("validate_collectively: a rank whose attention throws mid-step raises 
   DcpConfig c = good_config(n);
   c.validate_collectively = true;
   DenseOp op(world, c);
-  const std::int64_t t = 1, hl = c.num_heads / n;
   // Every rank owns one of the row's n tokens (local position 0, page 0). The culprit's block
   // table points page 0 outside its cache: its inputs pass the extent checks, and its attention
   // kernel throws after the query gather (a collective) has run.
-  std::vector<bfloat16> q(std::size_t(t * hl * kMlaQkDim), bfloat16::from_float(0.25f));
-  std::vector<bfloat16> cache(64 * kMlaQkDim, bfloat16::from_float(0.5f));
-  std::vector<std::int32_t> table{world.rank() == culprit ? 5 : 0}, req{0};
-  std::vector<std::int64_t> bound{n};
-  std::vector<bfloat16> out(std::size_t(t * hl * kMlaVDim));
-  std::vector<float> out_lse(std::size_t(t * hl));
-  DenseOp::Arguments a;
-  a.q = make_view(static_cast<const bfloat16*>(q.data()), {t, hl, std::int64_t(kMlaQkDim)});
-  a.cache = make_view(static_cast<const bfloat16*>(cache.data()), {64, std::int64_t(kMlaQkDim)});
-  a.block_table = make_view(static_cast<const std::int32_t*>(table.data()), {1, 1});
-  a.row_request = make_view(static_cast<const std::int32_t*>(req.data()), {t});
-  a.row_bound = make_view(static_cast<const std::int64_t*>(bound.data()), {t});
-  a.num_valid_rows = 1;
-  a.out = make_view(out.data(), {t, hl, std::int64_t(kMlaVDim)});
-  a.out_lse = make_view(out_lse.data(), {t, hl});
+  OneRowStep step(c, c.num_heads / n, n);
+  if (world.rank() == culprit) step.table[0] = 5;
   std::vector<std::byte> ws(DenseOp::workspace_bytes(c));
-  std::string message;
-  try {
-    op.forward(a, ws);
-  } catch (const Error& e) {
-    message = e.what();
-  }
+  const std::string message = forward_error(op, step.arguments(), ws);
   INFO(message);
   if (world.rank() == culprit)
     CHECK(message.find("outside the cache") != std::string::npos);
@@ -305,7 +307,7 @@ TEST_CASE("validate_collectively: a rank whose attention throws mid-step raises 
     CHECK(message.find("rank " + std::to_string(culprit) +
                        " of the DCP group failed in the attention stage") != std::string::npos);
   // the group is still in step: a good call on every rank runs and attends all n tokens
-  table[0] = 0;
-  CHECK_NOTHROW(op.forward(a, ws));
-  for (float l : out_lse) CHECK(std::isfinite(l));
+  step.table[0] = 0;
+  CHECK(forward_error(op, step.arguments(), ws).empty());
+  for (float l : step.out_lse) CHECK(std::isfinite(l));
 }
