@@ -1435,3 +1435,26 @@ TEST_CASE("CUDA MLA decode refuses bad arguments before launching", "[cuda][mla]
   CHECK(sparse(RoundRobinOwnership(2, 1), 1, good) == "<no dcpattn::Error thrown>");
   sync_and_check();
 }
+
+TEST_CASE("mla_decode_fast_splits fills the GPU without splits under 256 tokens",
+          "[cuda][mla][splits]") {
+  using dcpattn::cuda_kernels::mla_decode_fast_splits;
+  for (std::int64_t tokens : {0, 1, 3, 8, 64, 128, 1000})
+    for (int heads : {1, 16, 64, 128, 256})
+      for (std::int64_t attended : {0, 100, 511, 512, 4096, 131072})
+        for (int sms : {1, 78, 132}) {
+          const int s = mla_decode_fast_splits(tokens, heads, attended, sms);
+          CAPTURE(tokens, heads, attended, sms, s);
+          REQUIRE((s >= 1 && s <= 64 && (s & (s - 1)) == 0));
+          const std::int64_t blocks = tokens * ((heads + 63) / 64);
+          // One more doubling would either be unneeded (the GPU is full), cut splits under 256
+          // tokens, or pass the limit.
+          const bool full = blocks * s >= sms;
+          const bool short_next = attended < std::int64_t(2 * s) * 256;
+          CHECK((full || short_next || s == 64));
+          // And the last doubling was needed: with s / 2 the GPU was not full.
+          if (s > 1) CHECK(blocks * (s / 2) < sms);
+        }
+  CHECK_THROWS_AS(mla_decode_fast_splits(1, 0, 100, 132), dcpattn::Error);
+  CHECK_THROWS_AS(mla_decode_fast_splits(-1, 16, 100, 132), dcpattn::Error);
+}
