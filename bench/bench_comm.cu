@@ -35,20 +35,9 @@ namespace {
 
 using dcpattn::bfloat16;
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) {
-    DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1));
-    // 0x3c bytes: bf16 / fp32 values near 0.0115, finite and nonzero (never time on zeros)
-    DCPATTN_CUDA_CHECK(cudaMemset(ptr, 0x3c, bytes ? bytes : 1));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(ptr); }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
+/// Every buffer here is filled with 0x3c bytes: values do not change the timings, zeros might.
+struct DeviceBuffer : dcpattn::bench::DeviceBuffer {
+  explicit DeviceBuffer(std::size_t bytes) : dcpattn::bench::DeviceBuffer(bytes, 0x3c) {}
 };
 
 /// Maximum over ranks of a per-rank time.
@@ -56,6 +45,10 @@ double max_over_ranks(double v) {
   double m = v;
   MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return m;
+}
+
+cuda::std::span<std::byte> span_of(const DeviceBuffer& b, std::size_t bytes) {
+  return {static_cast<std::byte*>(b.ptr), bytes};
 }
 
 }  // namespace
@@ -85,8 +78,10 @@ int main(int argc, char** argv) {
     if (rank == 0)
       std::printf("%-18s %5s %4s %3s %10s %12s %9s\n", "op", "T", "H", "N", "us", "bytes/rank",
                   "GB/s");
-    auto record = [&](const char* op, int t, int h, double us, double bytes) {
-      us = max_over_ranks(us);
+    constexpr int kCallsPerGraph = 20;
+    // Times fn (enqueued on `stream`) per call, the maximum over ranks, and records it.
+    auto time_op = [&](const char* op, int t, int h, double bytes, auto&& fn) {
+      const double us = max_over_ranks(dcpattn::bench::median_us_graph(fn, stream, kCallsPerGraph));
       if (rank != 0) return;
       const double gbs = bytes / (us * 1e3);
       std::printf("%-18s %5d %4d %3d %10.2f %12.0f %9.1f\n", op, t, h, n, us, bytes, gbs);
@@ -100,7 +95,6 @@ int main(int argc, char** argv) {
           .field("bytes", bytes)
           .field("gbs", gbs);
     };
-    constexpr int kCalls = 20;
     for (int h : {64, 128}) {
       if (h % n != 0) continue;
       for (int t : {1, 8, 64, 512, 4096}) {
@@ -111,39 +105,28 @@ int main(int argc, char** argv) {
         c.gather_capacity = t;
         c.softmax_scale = 0.0721688f;
         const int hl = h / n;
+
+        // Query gather: this rank's (T, H / N, 576) bf16 to every rank.
         const std::int64_t q_elems = std::int64_t(t) * hl * c.head_dim_qk;
-        DeviceBuffer q(std::size_t(q_elems) * 2);
-        auto qv =
+        const double q_bytes = double(q_elems) * 2;
+        DeviceBuffer q(static_cast<std::size_t>(q_bytes));
+        const auto qv =
             dcpattn::make_view(static_cast<const bfloat16*>(q.ptr),
                                {std::int64_t(t), std::int64_t(hl), std::int64_t(c.head_dim_qk)});
-        DeviceBuffer persistent(dcpattn::DirectWorkspace::persistent_bytes(c));
-        DeviceBuffer scratch(std::max(dcpattn::DirectWorkspace::scratch_bytes(c),
-                                      dcpattn::AllGather::scratch_bytes(c)));
-        cuda::std::span<std::byte> ps(static_cast<std::byte*>(persistent.ptr),
-                                      dcpattn::DirectWorkspace::persistent_bytes(c));
-        cuda::std::span<std::byte> ss(static_cast<std::byte*>(scratch.ptr),
-                                      std::max(dcpattn::DirectWorkspace::scratch_bytes(c),
-                                               dcpattn::AllGather::scratch_bytes(c)));
-        const double q_bytes = double(q_elems) * 2;
-        record("gather_direct", t, h,
-               dcpattn::bench::median_us_graph(
-                   [&] { dcpattn::DirectWorkspace::gather(comm, exec, qv, ps, ss, c, stream); },
-                   stream, kCalls),
-               q_bytes);
-        record("gather_fallback", t, h,
-               dcpattn::bench::median_us_graph(
-                   [&] { dcpattn::AllGather::gather(comm, exec, qv, ps, ss, c, stream); }, stream,
-                   kCalls),
-               q_bytes);
-        DeviceBuffer gathered(std::size_t(q_elems) * 2 * std::size_t(n));
-        record("nccl_all_gather", t, h,
-               dcpattn::bench::median_us_graph(
-                   [&] {
-                     comm.all_gather(static_cast<const bfloat16*>(q.ptr), gathered.as<bfloat16>(),
-                                     std::size_t(q_elems), stream);
-                   },
-                   stream, kCalls),
-               q_bytes);
+        const std::size_t scratch_bytes = std::max(dcpattn::DirectWorkspace::scratch_bytes(c),
+                                                   dcpattn::AllGather::scratch_bytes(c));
+        DeviceBuffer persistent(dcpattn::DirectWorkspace::persistent_bytes(c)),
+            scratch(scratch_bytes), gathered(std::size_t(q_bytes) * std::size_t(n));
+        const auto ps = span_of(persistent, dcpattn::DirectWorkspace::persistent_bytes(c));
+        const auto ss = span_of(scratch, scratch_bytes);
+        time_op("gather_direct", t, h, q_bytes,
+                [&] { dcpattn::DirectWorkspace::gather(comm, exec, qv, ps, ss, c, stream); });
+        time_op("gather_fallback", t, h, q_bytes,
+                [&] { dcpattn::AllGather::gather(comm, exec, qv, ps, ss, c, stream); });
+        time_op("nccl_all_gather", t, h, q_bytes, [&] {
+          comm.all_gather(static_cast<const bfloat16*>(q.ptr), gathered.as<bfloat16>(),
+                          std::size_t(q_elems), stream);
+        });
 
         // Combine: this rank's partial over all H heads of its shard.
         const std::int64_t o_elems = std::int64_t(t) * h * c.head_dim_v;
@@ -158,63 +141,30 @@ int main(int argc, char** argv) {
         a.out = dcpattn::make_view(out.as<bfloat16>(),
                                    {std::int64_t(t), std::int64_t(hl), std::int64_t(c.head_dim_v)});
         a.out_lse = dcpattn::make_view(out_lse.as<float>(), {std::int64_t(t), std::int64_t(hl)});
-        const double a2a_fp32_bytes = double(o_elems) * 4 + double(t) * h * 4;
-        {
-          dcpattn::DcpConfig cd = c;  // deterministic, fp32 partials
-          DeviceBuffer s(dcpattn::AllToAll::scratch_bytes(cd));
-          cuda::std::span<std::byte> sp(static_cast<std::byte*>(s.ptr),
-                                        dcpattn::AllToAll::scratch_bytes(cd));
-          record("combine_a2a_fp32", t, h,
-                 dcpattn::bench::median_us_graph(
-                     [&] {
-                       dcpattn::AllToAll::combine<dcpattn::lse_base_e>(comm, exec, a, sp, cd,
-                                                                       stream);
-                     },
-                     stream, kCalls),
-                 a2a_fp32_bytes);
-          DeviceBuffer send(dcpattn::AllToAll::scratch_bytes(cd) / 2 + 16);
-          DeviceBuffer recv(dcpattn::AllToAll::scratch_bytes(cd) / 2 + 16);
-          const std::size_t chunk = std::size_t(a2a_fp32_bytes) / std::size_t(n);
-          record("nccl_all_to_all", t, h,
-                 dcpattn::bench::median_us_graph(
-                     [&] {
-                       comm.all_to_all(send.as<std::uint8_t>(), recv.as<std::uint8_t>(), chunk,
-                                       stream);
-                     },
-                     stream, kCalls),
-                 a2a_fp32_bytes);
-        }
-        {
-          dcpattn::DcpConfig cf = c;
-          cf.mode = dcpattn::DcpMode::fast;
-          cf.partial_dtype = dcpattn::PartialDtype::bf16;
-          DeviceBuffer s(dcpattn::AllToAll::scratch_bytes(cf));
-          cuda::std::span<std::byte> sp(static_cast<std::byte*>(s.ptr),
-                                        dcpattn::AllToAll::scratch_bytes(cf));
-          record("combine_a2a_bf16", t, h,
-                 dcpattn::bench::median_us_graph(
-                     [&] {
-                       dcpattn::AllToAll::combine<dcpattn::lse_base_e>(comm, exec, a, sp, cf,
-                                                                       stream);
-                     },
-                     stream, kCalls),
-                 double(o_elems) * 2 + double(t) * h * 4);
-        }
-        {
-          dcpattn::DcpConfig cf = c;
-          cf.mode = dcpattn::DcpMode::fast;
-          DeviceBuffer s(dcpattn::AllGatherReduceScatter::scratch_bytes(cf));
-          cuda::std::span<std::byte> sp(static_cast<std::byte*>(s.ptr),
-                                        dcpattn::AllGatherReduceScatter::scratch_bytes(cf));
-          record("combine_agrs", t, h,
-                 dcpattn::bench::median_us_graph(
-                     [&] {
-                       dcpattn::AllGatherReduceScatter::combine<dcpattn::lse_base_e>(
-                           comm, exec, a, sp, cf, stream);
-                     },
-                     stream, kCalls),
-                 a2a_fp32_bytes);
-        }
+        const double fp32_bytes = double(o_elems) * 4 + double(t) * h * 4;  // partials + lse
+        const double bf16_bytes = double(o_elems) * 2 + double(t) * h * 4;
+        // One combiner in one configuration: scratch sized for it, timed per call.
+        auto time_combine = [&](const char* op, auto combiner, dcpattn::DcpConfig cc,
+                                double bytes) {
+          using K = decltype(combiner);
+          DeviceBuffer s(K::scratch_bytes(cc));
+          const auto sp = span_of(s, K::scratch_bytes(cc));
+          time_op(op, t, h, bytes,
+                  [&] { K::template combine<dcpattn::lse_base_e>(comm, exec, a, sp, cc, stream); });
+        };
+        dcpattn::DcpConfig fast = c;
+        fast.mode = dcpattn::DcpMode::fast;
+        dcpattn::DcpConfig fast_bf16 = fast;
+        fast_bf16.partial_dtype = dcpattn::PartialDtype::bf16;
+        time_combine("combine_a2a_fp32", dcpattn::AllToAll{}, c, fp32_bytes);  // deterministic
+        time_combine("combine_a2a_bf16", dcpattn::AllToAll{}, fast_bf16, bf16_bytes);
+        time_combine("combine_agrs", dcpattn::AllGatherReduceScatter{}, fast, fp32_bytes);
+        // The raw exchange of the fp32 all-to-all payload: one chunk per peer.
+        const std::size_t chunk = std::size_t(fp32_bytes) / std::size_t(n);
+        DeviceBuffer send(chunk * std::size_t(n)), recv(chunk * std::size_t(n));
+        time_op("nccl_all_to_all", t, h, fp32_bytes, [&] {
+          comm.all_to_all(send.as<std::uint8_t>(), recv.as<std::uint8_t>(), chunk, stream);
+        });
       }
     }
     if (rank == 0) json.write(dcpattn::bench::json_path(argc, argv, "comm.json"));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,9 +13,48 @@
 
 #include <cuda_runtime.h>
 
+#include "dcpattn/core/numeric.hpp"
 #include "dcpattn/error.hpp"
 
 namespace dcpattn::bench {
+
+/// A device allocation for one benchmark case; `fill` >= 0 sets every byte (e.g. 0x3c: bf16 and
+/// fp32 values near 0.0115, finite and nonzero, for buffers whose values do not matter).
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(std::size_t bytes, int fill = -1) {
+    DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1));
+    if (fill >= 0) DCPATTN_CUDA_CHECK(cudaMemset(ptr, fill, bytes ? bytes : 1));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+/// A 64-bit mix to 32 random bits, for filling inputs on the device.
+__device__ inline std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return std::uint32_t(x);
+}
+/// Uniform in [0, 1) from (seed, i).
+__device__ inline float uniform(std::uint64_t seed, std::size_t i) {
+  return float(hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
+}
+/// Random bf16 in [lo, hi) (never all zeros: zeros hide wrong indexing and can run faster).
+static __global__ void fill_bf16(bfloat16* p, std::size_t n, std::uint64_t seed, float lo,
+                                 float hi) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = bfloat16::from_float(lo + (hi - lo) * uniform(seed, i));
+}
 
 /// Median time in microseconds of `fn()` (which enqueues work on `stream`), after `warmup` calls,
 /// over `reps` calls timed one by one with CUDA events.
@@ -122,13 +162,16 @@ double median_us_flushed(Fn&& fn, cudaStream_t stream, void* flush, std::size_t 
 
 /// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured on a buffer
 /// several times the L2 size: the practical memory ceiling of this GPU.
-inline double measure_copy_bandwidth_gbs(cudaStream_t stream, std::size_t bytes = std::size_t(2) << 30) {
+inline double measure_copy_bandwidth_gbs(cudaStream_t stream, std::size_t bytes = std::size_t(2)
+                                                                                  << 30) {
   void *src = nullptr, *dst = nullptr;
   DCPATTN_CUDA_CHECK(cudaMalloc(&src, bytes));
   DCPATTN_CUDA_CHECK(cudaMalloc(&dst, bytes));
   DCPATTN_CUDA_CHECK(cudaMemsetAsync(src, 1, bytes, stream));
   const double us = median_us(
-      [&] { DCPATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); },
+      [&] {
+        DCPATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+      },
       stream, 3, 20);
   cudaFree(src);
   cudaFree(dst);

@@ -35,27 +35,15 @@
 
 namespace {
 
+using dcpattn::bench::DeviceBuffer;
+using dcpattn::bench::fill_bf16;
+using dcpattn::bench::hash32;
+using dcpattn::bench::uniform;
+
 using dcpattn::bfloat16;
 using dcpattn::CacheFormat;
 constexpr std::int64_t kPage = 64;
 
-__device__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return std::uint32_t(x);
-}
-__device__ float uniform(std::uint64_t seed, std::size_t i) {
-  return float(hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
-}
-/// Random bf16 in [-1, 1).
-__global__ void fill_bf16(bfloat16* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
-    p[i] = bfloat16::from_float(2.0f * uniform(seed, i) - 1.0f);
-}
 /// Random ds_mla entries: finite e4m3 codes, positive group scales, bf16 RoPE values.
 __global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t seed) {
   using E = dcpattn::DsMlaFp8Entry;
@@ -78,20 +66,6 @@ __global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t see
     *reinterpret_cast<std::uint32_t*>(p + e * E::bytes + off) = v;
   }
 }
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) {
-    DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(ptr); }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
 
 struct Case {
   bool sparse;
@@ -123,7 +97,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
 
   DeviceBuffer cache(cache_bytes);
   if (c.format == CacheFormat::bf16)
-    fill_bf16<<<4096, 256, 0, stream>>>(cache.as<bfloat16>(), std::size_t(slots) * 576, 11);
+    fill_bf16<<<4096, 256, 0, stream>>>(cache.as<bfloat16>(), std::size_t(slots) * 576, 11, -1.0f,
+                                        1.0f);
   else
     fill_fp8<<<4096, 256, 0, stream>>>(cache.as<std::uint8_t>(), std::size_t(slots), 11);
   DCPATTN_CUDA_CHECK(cudaGetLastError());
@@ -147,7 +122,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       cudaMemcpy(d_len.ptr, row_len.data(), 8 * std::size_t(B), cudaMemcpyHostToDevice));
 
   DeviceBuffer q(std::size_t(B) * H * 576 * 2);
-  fill_bf16<<<1024, 256, 0, stream>>>(q.as<bfloat16>(), std::size_t(B) * H * 576, 5);
+  fill_bf16<<<1024, 256, 0, stream>>>(q.as<bfloat16>(), std::size_t(B) * H * 576, 5, -1.0f, 1.0f);
   DeviceBuffer o(std::size_t(B) * H * 512 * 4), lse(std::size_t(B) * H * 4);
 
   // Sparse: top-k distinct positions of [0, L) per row.

@@ -34,6 +34,9 @@
 
 namespace {
 
+using dcpattn::bench::DeviceBuffer;
+using dcpattn::bench::fill_bf16;
+
 using dcpattn::bfloat16;
 using dcpattn::CacheFormat;
 
@@ -45,22 +48,6 @@ constexpr int kIdxBytes = dcpattn::IndexerKCacheLayout::bytes_per_token;
 constexpr std::int64_t kPageSize = 64;
 constexpr std::int64_t kMaxPosition = 65536;
 
-__device__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return std::uint32_t(x);
-}
-/// Random bf16 in [lo, hi) (never all zeros: zeros hide wrong indexing and can run faster).
-__global__ void fill_bf16(bfloat16* p, std::size_t n, std::uint64_t seed, float lo, float hi) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    const float u = float(hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
-    p[i] = bfloat16::from_float(lo + (hi - lo) * u);
-  }
-}
 __global__ void fill_cos_sin(float* cs, std::int64_t max_position) {
   const std::int64_t n = max_position * (kRope / 2);
   for (std::int64_t k = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; k < n;
@@ -72,18 +59,6 @@ __global__ void fill_cos_sin(float* cs, std::int64_t max_position) {
     cs[p * kRope + kRope / 2 + i] = sinf(angle);
   }
 }
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(std::size_t bytes) { DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1)); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(ptr); }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
 
 struct Config {
   const char* name;

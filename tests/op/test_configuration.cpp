@@ -253,6 +253,17 @@ struct OneRowStep {
   }
 };
 
+/// A failure agreed by the group: the culprit raised its own error (containing `own`), every
+/// other rank "rank <culprit> <others>".
+void check_group_error(const std::string& message, int rank, int culprit, const std::string& own,
+                       const std::string& others) {
+  INFO(message);
+  if (rank == culprit)
+    CHECK(message.find(own) != std::string::npos);
+  else
+    CHECK(message.find("rank " + std::to_string(culprit) + " " + others) != std::string::npos);
+}
+
 /// The what() of the Error forward() raises, or "" when it returns.
 std::string forward_error(DenseOp& op, const DenseOp::Arguments& a, std::vector<std::byte>& ws) {
   try {
@@ -274,13 +285,8 @@ TEST_CASE("validate_collectively: one rank's bad input raises on every rank, nam
   const std::int64_t hl = c.num_heads / n;
   OneRowStep step(c, world.rank() == culprit ? hl + 1 : hl, 1);
   std::vector<std::byte> ws(DenseOp::workspace_bytes(c));
-  const std::string message = forward_error(op, step.arguments(), ws);
-  INFO(message);
-  if (world.rank() == culprit)
-    CHECK(message.find("q must be") != std::string::npos);
-  else
-    CHECK(message.find("rank " + std::to_string(culprit) + " of the DCP group refused") !=
-          std::string::npos);
+  check_group_error(forward_error(op, step.arguments(), ws), world.rank(), culprit, "q must be",
+                    "of the DCP group refused");
   // the group is still usable afterwards: a good call on every rank runs
   OneRowStep good(c, hl, 1);
   CHECK(forward_error(op, good.arguments(), ws).empty());
@@ -299,13 +305,8 @@ TEST_CASE("validate_collectively: a rank whose attention throws mid-step raises 
   OneRowStep step(c, c.num_heads / n, n);
   if (world.rank() == culprit) step.table[0] = 5;
   std::vector<std::byte> ws(DenseOp::workspace_bytes(c));
-  const std::string message = forward_error(op, step.arguments(), ws);
-  INFO(message);
-  if (world.rank() == culprit)
-    CHECK(message.find("outside the cache") != std::string::npos);
-  else
-    CHECK(message.find("rank " + std::to_string(culprit) +
-                       " of the DCP group failed in the attention stage") != std::string::npos);
+  check_group_error(forward_error(op, step.arguments(), ws), world.rank(), culprit,
+                    "outside the cache", "of the DCP group failed in the attention stage");
   // the group is still in step: a good call on every rank runs and attends all n tokens
   step.table[0] = 0;
   CHECK(forward_error(op, step.arguments(), ws).empty());

@@ -77,7 +77,9 @@ Result run_op(Comm& comm, const Scenario& s, const DcpConfig& cfg) {
   a.num_valid_rows = s.num_valid_rows;
   a.out = make_view(out_local.data(), {t, hl, std::int64_t(kMlaVDim)});
   a.out_lse = make_view(lse_local.data(), {t, hl});
-  std::vector<std::byte> ws(Op::workspace_bytes(cfg));
+  // Poisoned: forward() must write whatever it reads, including clearing the input-error record
+  // (else check_input_errors would report the poison).
+  std::vector<std::byte> ws(Op::workspace_bytes(cfg), std::byte{0xff});
   Result r;
   r.fell_back = op.forward(a, ws).gather_fell_back;
   // The host kernels throw on bad input inside forward(); nothing is left to report after it.

@@ -31,7 +31,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -48,6 +47,7 @@
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/numeric.hpp"
 #include "dcpattn/core/tensor.hpp"
+#include "dcpattn/kernels/cuda/convert.cuh"
 #include "dcpattn/error.hpp"
 #include "dcpattn/indexer/distributed_topk.hpp"
 #include "dcpattn/indexer/indexer.hpp"
@@ -121,12 +121,8 @@ DCPATTN_DEVICE std::uint16_t bf16_bits(std::uint8_t x) {
 
 /// Two e4m3 bytes (low byte first) to two bf16 in one 32-bit word, exactly.
 DCPATTN_DEVICE std::uint32_t e4m3x2_to_bf16x2(std::uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  const __nv_bfloat162 b = __float22bfloat162_rn(f);
-  std::uint32_t u;
-  memcpy(&u, &b, 4);
-  return u;
+  const float2 f = detail::e4m3x2_to_float2(two);
+  return detail::cvt_bf16x2(f.x, f.y);
 }
 
 DCPATTN_DEVICE std::uint32_t load_u32(const std::uint16_t* p) {

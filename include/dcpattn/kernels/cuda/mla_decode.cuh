@@ -73,8 +73,6 @@
 #include <type_traits>
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <cuda/std/limits>
 #include <cuda/std/mdspan>
@@ -88,6 +86,7 @@
 #include "dcpattn/error.hpp"
 #include "dcpattn/gather/query_gather.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
+#include "dcpattn/kernels/cuda/convert.cuh"
 #include "dcpattn/kernels/mla_kernel.hpp"
 #include "dcpattn/ownership/slot_ownership.hpp"
 
@@ -280,16 +279,19 @@ DCPATTN_DEVICE void load_q_block(const GenericQ<QView>& q, std::int64_t t, int h
   }
 }
 
+/// True for views whose elements can be addressed as data_handle() + strides (no custom accessor).
+template <class View>
+inline constexpr bool is_plain_strided_v =
+    View::mapping_type::is_always_strided() &&
+    std::is_same_v<typename View::accessor_type,
+                   cuda::std::default_accessor<typename View::element_type>>;
+
 /// The 64 keys of a tile (slot_s[i] < 0: a zero row) into k_s as bf16 (rows of kKStride).
 template <class CacheView>
 DCPATTN_DEVICE void load_kv_tile(const CacheView& cache, bool vector_path,
                                  const std::int64_t* slot_s, bfloat16* k_s, int tid) {
   constexpr CacheFormat kFormat = mla_cache_format_v<CacheView>;
-  constexpr bool kStrided =
-      CacheView::mapping_type::is_always_strided() &&
-      std::is_same_v<typename CacheView::accessor_type,
-                     cuda::std::default_accessor<typename CacheView::element_type>>;
-  if constexpr (kStrided) {
+  if constexpr (is_plain_strided_v<CacheView>) {
     if (vector_path) {
       if constexpr (kFormat == CacheFormat::bf16) {
         constexpr int kChunks = kMlaQkDim / 8;  // 72
@@ -773,13 +775,6 @@ __global__ void __launch_bounds__(kMlaVDim)
 #endif
 #endif
 
-/// True for views whose elements can be addressed as data_handle() + strides (no custom accessor).
-template <class View>
-inline constexpr bool is_plain_strided_device_v =
-    View::mapping_type::is_always_strided() &&
-    std::is_same_v<typename View::accessor_type,
-                   cuda::std::default_accessor<typename View::element_type>>;
-
 namespace wg {
 inline constexpr int kConsumers = 256;  // warpgroups 0 and 1: tensor-core products and softmax
 inline constexpr int kProducers = 128;  // warpgroup 2: slots, copies, fp8 dequantization
@@ -968,13 +963,6 @@ DCPATTN_DEVICE void wgmma_m64n256_pv(float (&d)[128], std::uint64_t desc_a, std:
 #endif
 }
 
-/// bf16(lo) | bf16(hi) << 16, both rounded to nearest even (__float2bfloat16_rn), one instruction.
-DCPATTN_DEVICE std::uint32_t cvt_bf16x2_rn(float lo, float hi) {
-  std::uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source: high half
-  return r;
-}
-
 /// 16 zero bytes at a shared-memory address.
 DCPATTN_DEVICE void zero16(unsigned char* dst) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
@@ -1026,7 +1014,7 @@ template <class CacheView>
 DCPATTN_DEVICE void load_tile_direct(const CacheView& cache, bool vector_path, const int* slot_s,
                                      unsigned char* k_s, int ptid) {
   constexpr CacheFormat kFormat = mla_cache_format_v<CacheView>;
-  if constexpr (is_plain_strided_device_v<CacheView> && kFormat == CacheFormat::bf16) {
+  if constexpr (is_plain_strided_v<CacheView> && kFormat == CacheFormat::bf16) {
     if (vector_path) {
       const int lane = ptid & 31, w = ptid >> 5;
       const bfloat16* base = cache.data_handle();
@@ -1105,10 +1093,8 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
       for (int k = 0; k < 8; ++k) {
         // Hardware e4m3x2 -> f16x2 -> f32 (exact: e4m3 values are f16 values), then the same
         // fp32 product and round-to-nearest bf16 as fp8_e4m3::decode(code) * scale.
-        const std::uint32_t two = (words[k / 2] >> ((k % 2) * 16)) & 0xffffu;
-        const float2 f = __half22float2(
-            __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3)));
-        out[k] = cvt_bf16x2_rn(f.x * scale, f.y * scale);
+        const float2 f = e4m3x2_to_float2(words[k / 2] >> ((k % 2) * 16));
+        out[k] = cvt_bf16x2(f.x * scale, f.y * scale);
       }
       *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * c)) =
           make_uint4(out[0], out[1], out[2], out[3]);
@@ -1139,7 +1125,7 @@ template <bool kSparse, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
   constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
-  constexpr bool kRawPath = kFp8 && is_plain_strided_device_v<CacheView>;
+  constexpr bool kRawPath = kFp8 && is_plain_strided_v<CacheView>;
   using L = Smem<kFp8>;
   constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
 
@@ -1402,8 +1388,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int tok = 32 * g + 8 * jn + 2 * (lane & 3);
       const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
       // r1 = r0 + 8 has the same swizzle phase (r1 & 7 == r0 & 7).
-      *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) = cvt_bf16x2_rn(p00, p01);
-      *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) = cvt_bf16x2_rn(p10, p11);
+      *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) = cvt_bf16x2(p00, p01);
+      *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) = cvt_bf16x2(p10, p11);
     }
     // (a + b) + (c + d) on every lane: float addition is commutative, so the 4 copies agree.
     sum0 += __shfl_xor_sync(kFullMask, sum0, 1);
@@ -1481,12 +1467,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------------
 // Host side
 
-template <class View>
-inline constexpr bool is_plain_strided_v =
-    View::mapping_type::is_always_strided() &&
-    std::is_same_v<typename View::accessor_type,
-                   cuda::std::default_accessor<typename View::element_type>>;
-
 /// The query as the kernels read it: a QDesc for bf16 strided or rank-major views, else the view.
 template <class QView>
 auto make_q_source(const QView& q) {
@@ -1540,12 +1520,12 @@ inline std::size_t split_state_bytes(std::int64_t tokens, std::int64_t heads, in
          std::size_t(kMlaVDim + 1) * sizeof(float);
 }
 
-template <int HT, bool kSparse, class QSrc, class CacheView, class Own>
-void launch_split_ht(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
-  auto kernel = &mla_split_kernel<HT, kSparse, QSrc, CacheView, Own>;
-  constexpr std::size_t smem = SplitSmem<HT>::bytes;
-  // Raise the dynamic shared-memory limit once per device (bit d of `configured`).
-  static std::atomic<unsigned long long> configured{0};
+/// Raises `kernel`'s dynamic shared-memory limit to `smem` on the current device, once per device
+/// (bit d of `configured`, one per kernel; devices beyond 63 set it at every launch). Not a stream
+/// operation: launches stay graph-capturable.
+template <class Kernel>
+void raise_smem_limit(Kernel kernel, std::size_t smem,
+                      std::atomic<unsigned long long>& configured) {
   int device = 0;
   DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
   const unsigned long long bit = device < 64 ? (1ull << device) : 0ull;
@@ -1554,6 +1534,14 @@ void launch_split_ht(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t s
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
+}
+
+template <int HT, bool kSparse, class QSrc, class CacheView, class Own>
+void launch_split_ht(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
+  auto kernel = &mla_split_kernel<HT, kSparse, QSrc, CacheView, Own>;
+  constexpr std::size_t smem = SplitSmem<HT>::bytes;
+  static std::atomic<unsigned long long> configured{0};
+  raise_smem_limit(kernel, smem, configured);
   const int head_blocks = (args.heads + 16 * HT - 1) / (16 * HT);
   const dim3 grid(unsigned(args.tokens), unsigned(args.num_splits * head_blocks));
   kernel<<<grid, kThreads, smem, stream>>>(args);
@@ -1572,14 +1560,7 @@ void launch_wg(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream)
   constexpr std::size_t smem =
       wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla>::bytes;
   static std::atomic<unsigned long long> configured{0};
-  int device = 0;
-  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
-  const unsigned long long bit = device < 64 ? (1ull << device) : 0ull;
-  if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
-    DCPATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured.fetch_or(bit, std::memory_order_relaxed);
-  }
+  raise_smem_limit(kernel, smem, configured);
   const std::int64_t head_blocks = (args.heads + wg::kHeads - 1) / wg::kHeads;
   const std::int64_t blocks = args.tokens * args.num_splits * head_blocks;
   kernel<<<unsigned(blocks), wg::kThreads, smem, stream>>>(args);

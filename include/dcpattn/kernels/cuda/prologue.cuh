@@ -45,6 +45,7 @@
 #include "dcpattn/core/rope.hpp"
 #include "dcpattn/error.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
+#include "dcpattn/kernels/cuda/convert.cuh"
 #include "dcpattn/kernels/host/prologue.hpp"
 
 DCPATTN_NAMESPACE_BEGIN
@@ -203,19 +204,6 @@ DCPATTN_DEVICE bool any_nan8(const float (&f)[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) nan |= f[k] != f[k];
   return nan;
-}
-
-/// bfloat16::from_float(lo) | bfloat16::from_float(hi) << 16 for non-NaN lo and hi (round to
-/// nearest even, subnormals kept, overflow to infinity: what from_float computes on the bits).
-DCPATTN_DEVICE std::uint32_t cvt_bf16x2(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  std::uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source: high half
-  return r;
-#else
-  return std::uint32_t(bfloat16::from_float(lo).bits) |
-         (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
-#endif
 }
 
 /// fp8_e4m3::encode(lo) | fp8_e4m3::encode(hi) << 8 for non-NaN lo and hi (round to nearest even,
