@@ -128,20 +128,52 @@ double median_us_graph(Fn&& fn, cudaStream_t stream, int calls_per_graph, int wa
   return us[us.size() / 2];
 }
 
-/// Median time in microseconds of one call of `fn()` enqueued behind a write of `flush_bytes`
-/// bytes to `flush` (256 MiB in triton.testing.do_bench): the L2 cache holds none of fn's inputs,
-/// and the GPU is busy while the host launches fn, so host launch work is not measured. The
-/// same method as triton.testing.do_bench: events around each call, `reps` calls enqueued back
-/// to back, one synchronization at the end.
+/// How median_us_flushed empties the L2 cache before each timed call.
+enum class Flush {
+  /// cudaMemsetAsync over the buffer, as triton.testing.do_bench: the L2 is left full of dirty
+  /// lines, whose write-back to HBM the timed call pays (tens of us on a small call).
+  write,
+  /// A kernel reads the buffer: the L2 is left full of clean lines, none of them fn's inputs.
+  read,
+};
+
+/// Reads n 16-byte words; stores to *sink only if their XOR is a value no fill produces, so the
+/// reads cannot be elided and nothing is written.
+__global__ void read_flush_kernel(const uint4* __restrict__ p, std::size_t n, unsigned* sink) {
+  unsigned x = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    x ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (x == 0x9e3779b9u && sink != nullptr) *sink = x;
+}
+
+/// Empties the L2 by writing or reading `bytes` bytes of `buf` (a multiple of 16) on `stream`.
+inline void flush_l2(void* buf, std::size_t bytes, Flush mode, int fill, cudaStream_t stream) {
+  if (mode == Flush::write) {
+    DCPATTN_CUDA_CHECK(cudaMemsetAsync(buf, fill, bytes, stream));
+  } else {
+    read_flush_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(buf), bytes / 16,
+                                                nullptr);
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+/// Median time in microseconds of one call of `fn()` enqueued behind a flush of `flush_bytes`
+/// bytes of `flush` (256 MiB in triton.testing.do_bench; see Flush): the L2 cache holds none of
+/// fn's inputs, and the GPU is busy while the host launches fn, so host launch work is not
+/// measured. The method of triton.testing.do_bench: events around each call, `reps` calls
+/// enqueued back to back, one synchronization at the end.
 template <class Fn>
 double median_us_flushed(Fn&& fn, cudaStream_t stream, void* flush, std::size_t flush_bytes,
-                         int warmup = 10, int reps = 50) {
+                         int warmup = 10, int reps = 50, Flush mode = Flush::write) {
   for (int i = 0; i < warmup; ++i) fn();
   DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<cudaEvent_t> ev(static_cast<std::size_t>(2 * reps));
   for (auto& e : ev) DCPATTN_CUDA_CHECK(cudaEventCreate(&e));
   for (int i = 0; i < reps; ++i) {
-    DCPATTN_CUDA_CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
+    flush_l2(flush, flush_bytes, mode, i & 0xff, stream);
     DCPATTN_CUDA_CHECK(cudaEventRecord(ev[std::size_t(2 * i)], stream));
     fn();
     DCPATTN_CUDA_CHECK(cudaEventRecord(ev[std::size_t(2 * i + 1)], stream));

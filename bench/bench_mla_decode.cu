@@ -9,13 +9,16 @@
 // request are neighbours).
 // Sparse: H in {64, 128}, top-k 2048 distinct random positions of a 32K context, B in
 // {1, 8, 64, 128}, bf16 and fp8.
-// Splits: mla_decode_fast_splits (fast mode: as many local splits as fill the GPU at small batch);
-// the merge of the split states is part of the timed call.
+// Splits: mla_decode_fast_splits (fast mode: the most local splits that run in one wave;
+// DCPATTN_BENCH_SPLITS=S forces S); the merge of the split states is part of the timed call.
 //
 // FLOPs counted: 2 * H * n * (576 + 512) per row (QK^T and PV, n attended tokens). Bytes counted:
 // the minimum any implementation moves: each attended cache entry once (1152 B bf16, 656 B fp8),
 // the queries (bf16) and the outputs (fp32 o and lse) once; the block table and top-k lists too.
-// Time: one call behind a 256 MiB L2 flush, CUDA events, median of 30 (bench_common.cuh).
+// Time: one call behind a 256 MiB L2 flush, CUDA events, median of 30 (bench_common.cuh). The
+// flush reads the buffer (DCPATTN_BENCH_FLUSH=write: writes it, as triton.testing.do_bench):
+// a written flush leaves the L2 full of dirty lines, and their write-back lands in the timed call
+// (about 30 us, most of a batch-1 call); a decode step's predecessors leave little dirty data.
 // JSON records go to argv[1] (default mla_decode.json).
 #include <algorithm>
 #include <cstdint>
@@ -150,6 +153,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   p.interleave = 1;
   p.num_valid_rows = B;
   p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
+  if (const char* forced = std::getenv("DCPATTN_BENCH_SPLITS")) p.num_splits = std::atoi(forced);
   const std::size_t scratch_bytes =
       dcpattn::cuda_kernels::mla_decode_scratch_bytes(B, H, p.num_splits);
   DeviceBuffer scratch(scratch_bytes);
@@ -181,7 +185,15 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
         dcpattn::cuda_kernels::mla_decode_dense(qv, cv, tv, rv, len_v, p, ov, lv, sc, stream);
     }
   };
-  const double us = dcpattn::bench::median_us_flushed(call, stream, flush, flush_bytes, 5, 30);
+  const char* flush_env = std::getenv("DCPATTN_BENCH_FLUSH");
+  const bool write_flush = flush_env != nullptr && std::string(flush_env) == "write";
+  const double us = dcpattn::bench::median_us_flushed(
+      call, stream, flush, flush_bytes, 5, 30,
+      write_flush ? dcpattn::bench::Flush::write : dcpattn::bench::Flush::read);
+  // Calls under 1 ms also as CUDA-graph replays of 10 back-to-back calls (no host launch work,
+  // no flush: a small case's inputs then sit in L2): what a graph-captured decode step sees.
+  const double graph_us =
+      us < 1000.0 ? dcpattn::bench::median_us_graph(call, stream, 10, 3, 10) : -1.0;
 
   const double flops = 2.0 * double(B) * H * double(attended) * (576 + 512);
   const double bytes = double(B) * double(attended) * row_bytes + double(B) * H * 576 * 2 +
@@ -191,9 +203,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const double gbs = bytes / (us * 1e3);
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
-      "copy)\n",
+      "copy)  graph %.1f us\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
-      p.num_splits, us, tflops, gbs, 100.0 * gbs / copy_gbs);
+      p.num_splits, us, tflops, gbs, 100.0 * gbs / copy_gbs, graph_us);
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -204,7 +216,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("heads", H)
       .field("topk", K)
       .field("num_splits", p.num_splits)
+      .field("flush", write_flush ? "write" : "read")
       .field("median_us", us)
+      .field("graph_us", graph_us)
       .field("tflops", tflops)
       .field("gbs", gbs)
       .field("copy_gbs", copy_gbs)

@@ -11,9 +11,11 @@ no cheap paged read, so the page gather is left out in its favour. fp8: the ds_m
 dequantized to bf16 inside the timed call (what an eager engine must do).
 Sparse: the top-k entries are gathered from the flat cache (index_select), then the same.
 Shapes as in the CUDA benchmark; cases whose score tensor does not fit are skipped.
-Times: median of CUDA-event-timed calls after an L2 flush (triton.testing.do_bench's method).
+Times: median of CUDA-event-timed calls, each after an L2 flush that reads a 256 MiB buffer
+(DCPATTN_BENCH_FLUSH=write: fills it, as triton.testing.do_bench), as bench_mla_decode does.
 Writes a JSON array to argv[1] (default mla_decode_peer.json).
 """
+import os
 import json
 import sys
 
@@ -26,7 +28,10 @@ except ImportError:
 QK, V, PAGE, TOPK = 576, 512, 64, 2048
 SCALE = 0.0721688
 dev = torch.device("cuda")
-flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+flush = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+# The L2 flush before each call reads the buffer, as bench_mla_decode does
+# (DCPATTN_BENCH_FLUSH=write: fills it, as triton.testing.do_bench).
+FLUSH_WRITE = os.environ.get("DCPATTN_BENCH_FLUSH") == "write"
 
 
 def median_us(fn, reps=20, warmup=3):
@@ -35,7 +40,10 @@ def median_us(fn, reps=20, warmup=3):
     torch.cuda.synchronize()
     times = []
     for i in range(reps):
-        flush.fill_(i & 0xFF)
+        if FLUSH_WRITE:
+            flush.fill_(i & 0xFF)
+        else:
+            flush.sum()  # reads 256 MiB: the L2 holds clean lines, none of fn's inputs
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()

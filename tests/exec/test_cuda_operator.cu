@@ -3,10 +3,12 @@
 // host-staged MPI communicator: deterministic mode is bitwise identical for N = 1, 2, 4 (dense and
 // sparse, bf16 and fp8 caches), and close to the host operator; fast mode is close to both.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -452,5 +454,73 @@ TEST_CASE("NCCL inside a CUDA graph: the replayed forward is bitwise N = 1",
   }
   check_nccl<CacheFormat::bf16, false>(true);
   check_nccl<CacheFormat::fp8_ds_mla, true>(true);
+}
+
+namespace {
+/// Spins until the host sets *flag (host-mapped memory), or about `max_cycles` clock cycles pass
+/// (a bound, so a failing test cannot leave the GPU busy forever).
+__global__ void spin_until_set(const volatile int* flag, long long max_cycles) {
+  const long long start = clock64();
+  while (*flag == 0 && clock64() - start < max_cycles) {
+  }
+}
+}  // namespace
+
+TEST_CASE("NCCL watchdog: a step that misses its deadline aborts the communicator and throws",
+          "[cuda][nccl][watchdog]") {
+  if (!one_gpu_per_rank()) {
+    WARN("fewer GPUs than ranks: NcclCommunicator needs one GPU per rank; nothing checked");
+    return;
+  }
+  NcclCommunicator comm = NcclCommunicator::init(MPI_COMM_WORLD);
+  const int rank = comm.rank();
+  Stream stream;
+  DeviceArray<float> send(4), recv(4 * std::size_t(comm.size()));
+  // A step that completes: the watchdog returns.
+  comm.all_gather(send.ptr, recv.ptr, 4, stream.s);
+  REQUIRE_NOTHROW(comm.synchronize_with_watchdog(stream.s, std::chrono::seconds(30)));
+
+  // A step that does not complete in time: the stream waits behind a kernel that a host thread
+  // releases after 1 s, as it would behind a collective whose peer is late. Nothing of NCCL is in
+  // flight, so the abort frees nothing a queued kernel still uses. ncclCommAbort itself waits
+  // for kernels running on the GPU that are not NCCL's (measured on the H200: it returned when
+  // the spinning kernel ended), so the throw comes after the release, not at 200 ms.
+  int* flag = nullptr;
+  CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&flag), sizeof(int), cudaHostAllocMapped));
+  *flag = 0;
+  int* flag_dev = nullptr;
+  CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev), flag, 0));
+  spin_until_set<<<1, 1, 0, stream.s>>>(flag_dev, 20'000'000'000LL);  // at most ~10 s
+  CUDA_OK(cudaGetLastError());
+  std::string what;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread releaser([flag] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    *reinterpret_cast<volatile int*>(flag) = 1;
+  });
+  try {
+    comm.synchronize_with_watchdog(stream.s, std::chrono::milliseconds(200));
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  releaser.join();
+  CUDA_OK(cudaStreamSynchronize(stream.s));
+  CUDA_OK(cudaFreeHost(flag));
+  CAPTURE(what, waited_ms);
+  CHECK(what.find("[rank " + std::to_string(rank) + "]") != std::string::npos);
+  CHECK(what.find("synchronize_with_watchdog") != std::string::npos);
+  CHECK(what.find("did not complete within 200 ms") != std::string::npos);
+  CHECK(waited_ms >= 200.0);
+  CHECK(waited_ms < 5'000.0);  // the deadline, then the abort once the kernel ended
+  // Aborted: every later use says so instead of reaching NCCL.
+  CHECK(comm.comm() == nullptr);
+  try {
+    comm.all_gather(send.ptr, recv.ptr, 4, stream.s);
+    FAIL("all_gather on an aborted communicator did not throw");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("watchdog aborted it") != std::string::npos);
+  }
 }
 #endif  // DCPATTN_TEST_NCCL

@@ -133,7 +133,8 @@ class NcclCommunicator {
         rank_(std::exchange(other.rank_, 0)),
         size_(std::exchange(other.size_, 0)),
         scratch_(std::exchange(other.scratch_, nullptr)),
-        blocking_stream_(std::exchange(other.blocking_stream_, nullptr)) {}
+        blocking_stream_(std::exchange(other.blocking_stream_, nullptr)),
+        aborted_(std::exchange(other.aborted_, false)) {}
   NcclCommunicator& operator=(NcclCommunicator&& other) noexcept {
     if (this != &other) {
       release();
@@ -143,6 +144,7 @@ class NcclCommunicator {
       size_ = std::exchange(other.size_, 0);
       scratch_ = std::exchange(other.scratch_, nullptr);
       blocking_stream_ = std::exchange(other.blocking_stream_, nullptr);
+      aborted_ = std::exchange(other.aborted_, false);
     }
     return *this;
   }
@@ -234,10 +236,14 @@ class NcclCommunicator {
   /// has completed, polling ncclCommGetAsyncError meanwhile. On an asynchronous NCCL error, or
   /// when `timeout` passes first (a peer died or never joined), it aborts the communicator
   /// (ncclCommAbort: no rank stays blocked in it), leaves this object unusable, and throws
-  /// dcpattn::Error naming this rank and the cause. Blocking: call it where the engine would
-  /// synchronize anyway, not inside a CUDA graph capture.
+  /// dcpattn::Error naming this rank and the cause; every later call on this object throws too.
+  /// A borrowed communicator is aborted as well: its owner must not destroy it afterwards.
+  /// ncclCommAbort ends NCCL's own kernels but waits for other kernels running on the GPU: a
+  /// stalled kernel that is not NCCL's delays the throw until it ends.
+  /// Blocking: call it where the engine would synchronize anyway, not inside a CUDA graph capture.
   void synchronize_with_watchdog(cudaStream_t stream, std::chrono::milliseconds timeout) {
     require_live();
+    const int rank = rank_;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       const cudaError_t done = cudaStreamQuery(stream);
@@ -249,13 +255,13 @@ class NcclCommunicator {
         abort_comm();
         throw Error(std::string("NCCL asynchronous error in a collective: ") +
                         ncclGetErrorString(async) + "; communicator aborted",
-                    "NcclCommunicator::synchronize_with_watchdog");
+                    "NcclCommunicator::synchronize_with_watchdog", "", 0, rank);
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         abort_comm();
         throw Error("collectives did not complete within " + std::to_string(timeout.count()) +
                         " ms (a peer may have failed); communicator aborted",
-                    "NcclCommunicator::synchronize_with_watchdog");
+                    "NcclCommunicator::synchronize_with_watchdog", "", 0, rank);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -267,6 +273,7 @@ class NcclCommunicator {
     if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
     release();
+    aborted_ = true;
   }
 
   NcclCommunicator(ncclComm_t comm, bool owns) : comm_(comm), owns_(owns) {
@@ -274,10 +281,14 @@ class NcclCommunicator {
     try {
       DCPATTN_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
       DCPATTN_NCCL_CHECK(ncclCommCount(comm_, &size_));
-      // Slot 0: barrier (its value is never read); slot 1: all_reduce_max_int.
-      DCPATTN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_), 2 * sizeof(int)));
-      DCPATTN_CUDA_CHECK(cudaMemset(scratch_, 0, 2 * sizeof(int)));
+      // Slot 0: barrier (its value is never read); slot 1: all_reduce_max_int. Stream-ordered,
+      // so that release() never waits for the device: cudaFree would wait for every kernel on
+      // the GPU, a stalled one included, and the watchdog must return while one is.
       DCPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&blocking_stream_, cudaStreamNonBlocking));
+      DCPATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch_), 2 * sizeof(int),
+                                         blocking_stream_));
+      DCPATTN_CUDA_CHECK(cudaMemsetAsync(scratch_, 0, 2 * sizeof(int), blocking_stream_));
+      DCPATTN_CUDA_CHECK(cudaStreamSynchronize(blocking_stream_));
     } catch (...) {
       release();
       throw;
@@ -286,12 +297,13 @@ class NcclCommunicator {
   }
 
   void require_live() const {
-    DCPATTN_REQUIRE(comm_ != nullptr, "NcclCommunicator used after being moved from");
+    DCPATTN_REQUIRE(comm_ != nullptr, aborted_ ? "NcclCommunicator used after its watchdog aborted it"
+                                               : "NcclCommunicator used after being moved from");
   }
 
   void release() noexcept {
+    if (scratch_ != nullptr) cudaFreeAsync(scratch_, blocking_stream_);
     if (blocking_stream_ != nullptr) cudaStreamDestroy(blocking_stream_);
-    if (scratch_ != nullptr) cudaFree(scratch_);
     if (owns_ && comm_ != nullptr) ncclCommDestroy(comm_);
     blocking_stream_ = nullptr;
     scratch_ = nullptr;
@@ -307,6 +319,7 @@ class NcclCommunicator {
   int size_ = 0;
   int* scratch_ = nullptr;
   cudaStream_t blocking_stream_ = nullptr;
+  bool aborted_ = false;  // by synchronize_with_watchdog
 };
 
 static_assert(Communicator<NcclCommunicator>, DCPATTN_COMMUNICATOR_MESSAGE);

@@ -1436,7 +1436,7 @@ TEST_CASE("CUDA MLA decode refuses bad arguments before launching", "[cuda][mla]
   sync_and_check();
 }
 
-TEST_CASE("mla_decode_fast_splits fills the GPU without splits under 256 tokens",
+TEST_CASE("mla_decode_fast_splits: the most splits that run in one wave, none under 256 tokens",
           "[cuda][mla][splits]") {
   using dcpattn::cuda_kernels::mla_decode_fast_splits;
   for (std::int64_t tokens : {0, 1, 3, 8, 64, 128, 1000})
@@ -1447,14 +1447,17 @@ TEST_CASE("mla_decode_fast_splits fills the GPU without splits under 256 tokens"
           CAPTURE(tokens, heads, attended, sms, s);
           REQUIRE((s >= 1 && s <= 64 && (s & (s - 1)) == 0));
           const std::int64_t blocks = tokens * ((heads + 63) / 64);
-          // One more doubling would either be unneeded (the GPU is full), cut splits under 256
-          // tokens, or pass the limit.
-          const bool full = blocks * s >= sms;
-          const bool short_next = attended < std::int64_t(2 * s) * 256;
-          CHECK((full || short_next || s == 64));
-          // And the last doubling was needed: with s / 2 the GPU was not full.
-          if (s > 1) CHECK(blocks * (s / 2) < sms);
+          if (s > 1) {
+            CHECK(blocks * s <= sms);       // one wave of CTAs
+            CHECK(attended >= s * 256LL);   // no split under 256 tokens
+          }
+          // One more doubling would pass a wave, cut splits under 256 tokens, or pass the limit.
+          CHECK((blocks * 2 * s > sms || attended < 2LL * s * 256 || s == 64));
         }
+  CHECK(mla_decode_fast_splits(1, 128, 32768, 132) == 64);  // 128 CTAs
+  CHECK(mla_decode_fast_splits(8, 128, 32768, 132) == 8);   // 128 CTAs, not 256
+  CHECK(mla_decode_fast_splits(64, 128, 32768, 132) == 1);  // 128 CTAs
+  CHECK(mla_decode_fast_splits(8, 16, 32768, 132) == 16);   // 128 CTAs
   CHECK_THROWS_AS(mla_decode_fast_splits(1, 0, 100, 132), dcpattn::Error);
   CHECK_THROWS_AS(mla_decode_fast_splits(-1, 16, 100, 132), dcpattn::Error);
 }

@@ -1727,19 +1727,22 @@ inline std::size_t mla_decode_scratch_bytes(std::int64_t max_tokens, int heads, 
   return detail::mla::split_state_bytes(max_tokens, heads, num_splits);
 }
 
-/// Fast mode's split count: the smallest power of two S (at most 64) for which `tokens` rows of
-/// `heads` heads give every one of `sm_count` multiprocessors a CTA (T x head blocks x S CTAs),
-/// without cutting a row's `attended` local tokens (its longest local length, or its top-k count)
-/// into splits of fewer than 256 tokens (4 tiles). Deterministic mode must not use this: there
-/// S = V / N is part of the numerical contract (see the file comment).
+/// Fast mode's split count: the largest power of two S (at most 64) for which `tokens` rows of
+/// `heads` heads still run in one wave on `sm_count` multiprocessors (T x head blocks x S CTAs,
+/// one CTA per multiprocessor), without cutting a row's `attended` local tokens (its longest
+/// local length, or its top-k count) into splits of fewer than 256 tokens (4 tiles); 1 when the
+/// rows alone fill the GPU. One wave, not the first S that fills it: a second, nearly full wave
+/// of CTAs half as long costs the same time plus twice the split states to write and merge (and,
+/// sparse, twice the top-k scans); on the H200 at 32K tokens the rule is worth 269 -> 315
+/// TFLOP/s at batch 8 and 128 heads. Deterministic mode must not use this: there S = V / N is
+/// part of the numerical contract (see the file comment).
 inline int mla_decode_fast_splits(std::int64_t tokens, int heads, std::int64_t attended,
                                   int sm_count) {
   DCPATTN_REQUIRE(tokens >= 0 && heads >= 1 && attended >= 0 && sm_count >= 1,
                   "mla_decode_fast_splits: tokens, attended >= 0, heads, sm_count >= 1 required");
   const std::int64_t head_blocks = (heads + 63) / 64;  // one CTA (of one per SM) per 64 heads
-  const std::int64_t want = sm_count;
   int s = 1;
-  while (s < detail::mla::kMaxSplits && tokens * head_blocks * s < want &&
+  while (s < detail::mla::kMaxSplits && tokens * head_blocks * (2 * s) <= sm_count &&
          attended >= std::int64_t(2 * s) * 256)
     s *= 2;
   return s;
