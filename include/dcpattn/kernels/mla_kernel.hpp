@@ -14,6 +14,7 @@
 #include "dcpattn/core/tensor.hpp"
 #include "dcpattn/error.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
+#include "dcpattn/kernels/input_errors.hpp"
 
 DCPATTN_NAMESPACE_BEGIN
 
@@ -33,27 +34,11 @@ struct MlaDecodeParams {
   int num_valid_rows = -1;
   /// Optional word in the kernels' memory (nullptr: none). The CUDA kernels cannot throw on
   /// data-dependent bad input without a host synchronization: they skip it (never reading or
-  /// writing outside the views) and OR its input_error_* bit into this word; the caller zeroes the
-  /// word before the call and reads it after (DcpAttention::check_input_errors). The host kernels
-  /// throw instead and leave it alone.
+  /// writing outside the views) and OR its input_error_* bit (input_errors.hpp) into this word;
+  /// the caller zeroes the word before the call and reads it after
+  /// (DcpAttention::check_input_errors). The host kernels throw instead and leave it alone.
   std::uint32_t* error_flags = nullptr;
 };
-
-/// Bits of MlaDecodeParams::error_flags.
-inline constexpr std::uint32_t input_error_topk = 1u;  ///< a top-k entry < -1 or >= its row bound
-
-/// What a nonzero error word means, for an Error message.
-inline std::string describe_input_errors(std::uint32_t flags) {
-  std::string s;
-  if (flags & input_error_topk)
-    s += "topk_indices had entries outside [-1, row_bound) (< -1 or >= the row's causal bound); "
-         "they were skipped";
-  if (flags & ~input_error_topk) {
-    if (!s.empty()) s += "; ";
-    s += "unknown error bits " + std::to_string(flags & ~input_error_topk);
-  }
-  return s;
-}
 
 /// Number of tokens of split j among the first `local_length` local positions.
 constexpr DCPATTN_HOST_DEVICE std::int64_t mla_split_length(std::int64_t local_length, int j,

@@ -414,13 +414,19 @@ GpuOut download_outputs(Problem& pb) {
 /// Uploads every buffer, runs the CUDA prologue on `stream`, then the host reference on the host
 /// copies (where out-of-range slots are replaced by -1, the behaviour the kernel promises for
 /// them), and returns the GPU outputs.
-GpuOut run_both(Problem& pb, cudaStream_t stream = nullptr) {
+GpuOut run_both(Problem& pb, cudaStream_t stream = nullptr,
+                std::uint32_t* error_flags = nullptr) {
   for (Mirror* m : all_buffers(pb))
     if (!m->host.empty()) m->upload();
-  if (pb.o.format == CacheFormat::bf16)
-    dcpattn::cuda_kernels::fused_prologue(make_args<CacheFormat::bf16>(pb, true), stream);
-  else
-    dcpattn::cuda_kernels::fused_prologue(make_args<CacheFormat::fp8_ds_mla>(pb, true), stream);
+  if (pb.o.format == CacheFormat::bf16) {
+    auto a = make_args<CacheFormat::bf16>(pb, true);
+    a.error_flags = error_flags;
+    dcpattn::cuda_kernels::fused_prologue(a, stream);
+  } else {
+    auto a = make_args<CacheFormat::fp8_ds_mla>(pb, true);
+    a.error_flags = error_flags;
+    dcpattn::cuda_kernels::fused_prologue(a, stream);
+  }
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaStreamSynchronize(stream));
 
@@ -780,6 +786,23 @@ void check_first_rows_alone(Problem& pb, const GpuOut& whole, std::int64_t n) {
 
 }  // namespace
 
+/// A zeroed device word for PrologueArgs::error_flags.
+struct ErrorWord {
+  std::uint32_t* ptr = nullptr;
+  ErrorWord() {
+    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&ptr), sizeof(std::uint32_t)));
+    CUDA_OK(cudaMemset(ptr, 0, sizeof(std::uint32_t)));
+  }
+  ~ErrorWord() { cudaFree(ptr); }
+  ErrorWord(const ErrorWord&) = delete;
+  ErrorWord& operator=(const ErrorWord&) = delete;
+  std::uint32_t read() const {
+    std::uint32_t v = 0;
+    CUDA_OK(cudaMemcpy(&v, ptr, sizeof(v), cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
 TEST_CASE("CUDA prologue matches the host: both cache formats, with and without the indexer",
           "[kernels][prologue][cuda]") {
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
@@ -792,8 +815,10 @@ TEST_CASE("CUDA prologue matches the host: both cache formats, with and without 
         o.seed = std::uint64_t(100 + T + (indexer ? 7 : 0) + (f == CacheFormat::bf16 ? 0 : 13));
         CAPTURE(format_name(f), indexer, T);
         Problem pb = make_problem(o);
-        const GpuOut g = run_both(pb);
+        ErrorWord flags;
+        const GpuOut g = run_both(pb, nullptr, flags.ptr);
         check_all(pb, g);
+        CHECK(flags.read() == 0u);  // valid values (other ranks' rows included): nothing recorded
       }
 }
 
@@ -857,7 +882,7 @@ TEST_CASE("CUDA prologue on a rank storing none of the tokens still normalizes e
     }
 }
 
-TEST_CASE("CUDA prologue skips rows whose slot or position is out of range",
+TEST_CASE("CUDA prologue skips rows whose slot or position is out of range, and records them",
           "[kernels][prologue][cuda][errors]") {
   // The host refuses these batches; the kernel cannot without a synchronization, so such a row
   // must behave exactly like a row of another rank (slot -1) and write nothing out of bounds.
@@ -892,8 +917,26 @@ TEST_CASE("CUDA prologue skips rows whose slot or position is out of range",
       CHECK_FALSE(pb.writes(0));
       CHECK(pb.writes(6) == !indexer);  // without the indexer that slot is valid
       CHECK(pb.writes(7));
-      const GpuOut g = run_both(pb);
+      ErrorWord flags;
+      const GpuOut g = run_both(pb, nullptr, flags.ptr);
       check_all(pb, g);
+      // Recorded: rows 0..3 (and 6 with the indexer) by their slot, rows 4 and 5 by their
+      // position; row 9 (slot -1) is another rank's and no error.
+      CHECK(flags.read() == (dcpattn::input_error_slot | dcpattn::input_error_position));
+      // Each kind alone: only the slot rows bad, then only a position. (run_both leaves -1 in
+      // the host slot buffer for rows that write nothing: every slot is stored again first.)
+      for (std::int64_t t = 0; t < o.T; ++t)
+        set_slot(t, t != 1 && !pb.writes(t) ? -1 : pb.slot_values[std::size_t(t)]);
+      ErrorWord slot_only;
+      check_all(pb, run_both(pb, nullptr, slot_only.ptr));
+      CHECK(slot_only.read() == dcpattn::input_error_slot);
+      for (std::int64_t t = 0; t < o.T; ++t) set_slot(t, pb.slot_values[std::size_t(t)]);
+      set_slot(1, -1), set_slot(4, 10), set_pos(4, maxpos);
+      ErrorWord position_only;
+      check_all(pb, run_both(pb, nullptr, position_only.ptr));
+      CHECK(position_only.read() == dcpattn::input_error_position);
+      CHECK(dcpattn::describe_input_errors(dcpattn::input_error_position).find("positions") !=
+            std::string::npos);
     }
 }
 

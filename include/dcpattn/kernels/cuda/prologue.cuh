@@ -47,6 +47,7 @@
 #include "dcpattn/kernels/cache_layout.hpp"
 #include "dcpattn/kernels/cuda/convert.cuh"
 #include "dcpattn/kernels/host/prologue.hpp"
+#include "dcpattn/kernels/input_errors.hpp"
 
 DCPATTN_NAMESPACE_BEGIN
 
@@ -179,6 +180,8 @@ struct Params {
 
   float rms_eps = 1e-6f;
   float ln_eps = 1e-6f;
+
+  std::uint32_t* error_flags = nullptr;  // PrologueArgs::error_flags
 };
 static_assert(sizeof(Params<CacheFormat::bf16>) <= 4096 && sizeof(Params<CacheFormat::fp8_ds_mla>) <= 4096,
               "dcpattn: the prologue's kernel parameters must fit the classic 4 KB limit");
@@ -455,6 +458,14 @@ DCPATTN_DEVICE bool writable(const Params<F>& p, std::int64_t slot, std::int64_t
     if (page >= p.index_pages) return false;
   }
   return true;
+}
+/// The input_error_* bit of a row that `writable` refused although its slot is not -1: which
+/// value was bad.
+template <CacheFormat F>
+DCPATTN_DEVICE std::uint32_t refusal_bit(const Params<F>& p, std::int64_t slot, std::int64_t pos) {
+  if (slot < 0 || slot >= p.num_slots) return input_error_slot;
+  if (pos < 0 || pos >= p.max_position) return input_error_position;
+  return input_error_slot;  // the slot's indexer page does not exist
 }
 template <CacheFormat F>
 DCPATTN_DEVICE std::int64_t slot_of(const Params<F>& p, std::int64_t row) {
@@ -742,6 +753,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     const bool query = part == 0;
     std::int64_t page, in_page;
     const bool kv = (!p.split || part != 0) && writable(p, slot, pos, page, in_page);
+    // A refused row with a slot other than -1 had a bad value: recorded once per row.
+    if (!kv && slot != -1 && (!p.split || part == 1) && p.error_flags != nullptr && lane == 0)
+      atomicOr(p.error_flags, refusal_bit(p, slot, pos));
     const bool latent = kv && (!p.split || part == 1);
     const bool aux = kv && (!p.split || part == 2);
 
@@ -837,6 +851,7 @@ Params<F> make_params(const PrologueArgs<KvCacheView>& a) {
   }
   p.rms_eps = a.rms_norm_eps;
   p.ln_eps = a.layer_norm_eps;
+  p.error_flags = a.error_flags;
   return p;
 }
 

@@ -79,6 +79,15 @@ struct PrologueArgs {
   float rms_norm_eps = 1e-6f;
   /// Indexer LayerNorm epsilon. [optional] (default: 1e-6)
   float layer_norm_eps = 1e-6f;
+
+  /// [optional] CUDA prologue: a word in device memory (nullptr: none) into which the kernel ORs
+  /// input_error_slot / input_error_position (input_errors.hpp) for rows it skipped because of a
+  /// bad value: a slot_mapping entry < -1 or >= the cache's slots or without an indexer page, or
+  /// a position outside the cos/sin table on a row with a slot. Such a row writes nothing (it is
+  /// treated as another rank's). The caller zeroes the word before the launch and reads it
+  /// after. Duplicate slots are not detected on the GPU. The host prologue throws instead and
+  /// leaves the word alone.
+  std::uint32_t* error_flags = nullptr;
 };
 
 namespace host {
