@@ -21,6 +21,7 @@
 #include "dcpattn/error.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
 #include "dcpattn/kernels/host/prologue.hpp"
+#include "dcpattn/kernels/input_errors.hpp"
 
 namespace {
 
@@ -436,4 +437,27 @@ TEST_CASE("prologue refuses bad slot_mapping and positions before writing anythi
   expect_refused("positions");
   b.positions.push_back(kMaxPosition);  // row 3 has a slot: its position must be in the table
   expect_refused("positions[3]");
+}
+
+TEST_CASE("input-error bits: distinct, each described by the parameter it concerns",
+          "[kernels][prologue][errors]") {
+  using dcpattn::describe_input_errors;
+  const std::uint32_t bits[] = {dcpattn::input_error_topk, dcpattn::input_error_slot,
+                                dcpattn::input_error_position};
+  std::uint32_t all = 0;
+  for (std::uint32_t b : bits) {
+    CHECK((b != 0 && (b & (b - 1)) == 0));  // one bit each
+    CHECK((all & b) == 0);                  // distinct
+    all |= b;
+  }
+  CHECK(describe_input_errors(0).empty());
+  CHECK(describe_input_errors(dcpattn::input_error_topk).find("topk_indices") != std::string::npos);
+  CHECK(describe_input_errors(dcpattn::input_error_slot).find("slot_mapping") != std::string::npos);
+  CHECK(describe_input_errors(dcpattn::input_error_position).find("positions") !=
+        std::string::npos);
+  const std::string every = describe_input_errors(all | 64u);
+  CHECK(every.find("topk_indices") < every.find("slot_mapping"));
+  CHECK(every.find("slot_mapping") < every.find("positions"));
+  CHECK(every.find("; unknown error bits 64") != std::string::npos);
+  CHECK(describe_input_errors(64u) == "unknown error bits 64");
 }
