@@ -69,6 +69,7 @@ struct DeviceArray {
 struct Result {
   std::vector<bfloat16> out;
   std::vector<float> lse;
+  int num_splits = 0;  // ForwardInfo::num_splits
 };
 
 DcpConfig make_config(const Scenario& s, int group_size, DcpMode mode) {
@@ -173,11 +174,12 @@ Result run_cuda(Comm& comm, const Scenario& s, const DcpConfig& cfg, bool input_
   a.out_lse = make_view(out_lse.ptr, {t, hl});
 
   const Stream stream;
+  int num_splits = 0;
   if (graph) {
     cudaGraph_t g = nullptr;
     cudaGraphExec_t exec = nullptr;
     CUDA_OK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
-    op.forward(a, cuda::std::span<std::byte>(ws.ptr, ws.n), stream.s);
+    num_splits = op.forward(a, cuda::std::span<std::byte>(ws.ptr, ws.n), stream.s).num_splits;
     CUDA_OK(cudaStreamEndCapture(stream.s, &g));
     CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
     CUDA_OK(cudaGraphLaunch(exec, stream.s));
@@ -185,7 +187,7 @@ Result run_cuda(Comm& comm, const Scenario& s, const DcpConfig& cfg, bool input_
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(g));
   } else {
-    op.forward(a, cuda::std::span<std::byte>(ws.ptr, ws.n), stream.s);
+    num_splits = op.forward(a, cuda::std::span<std::byte>(ws.ptr, ws.n), stream.s).num_splits;
   }
   CUDA_OK(cudaStreamSynchronize(stream.s));
   CUDA_OK(cudaGetLastError());
@@ -206,7 +208,9 @@ Result run_cuda(Comm& comm, const Scenario& s, const DcpConfig& cfg, bool input_
   const auto lse_local = out_lse.download();
   const std::vector<bfloat16> out_all = gather_all(comm, out_local);
   const std::vector<float> lse_all = gather_all(comm, lse_local);
-  return assemble(out_all, lse_all, n, t, h);
+  Result r = assemble(out_all, lse_all, n, t, h);
+  r.num_splits = num_splits;
+  return r;
 }
 
 /// The host operator at N = 1 on the same scenario (the reference of the CUDA path).
@@ -290,6 +294,8 @@ void check_invariance(int interleave) {
   const Result host = run_host<F, Sparse>(s);
   INFO("N = " << world.size() << ", I = " << interleave);
   CHECK(bitwise_equal(dcp, single));
+  CHECK(dcp.num_splits == world_cfg.virtual_shards / world.size());  // V / N, the contract
+  CHECK(single.num_splits == self_cfg.virtual_shards);
   const double err = error_vs_host(dcp, host, F);
   CAPTURE(err);
   CHECK(err <= 1.0);
@@ -358,6 +364,13 @@ TEST_CASE("CUDA fast mode (bf16 partials, all-gather + reduce-scatter) is close 
     const double err = error_vs_host(r, host, CacheFormat::bf16, 2.0);
     CAPTURE(err);
     CHECK(err <= 1.0);
+    // Fast mode on the GPU: the one-wave split count of this batch (the workspace, sized on this
+    // device, holds its states without halving).
+    int device = 0, sms = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CHECK(r.num_splits ==
+          dcpattn::cuda_kernels::mla_decode_fast_splits(s.rows(), s.num_heads, 1LL << 40, sms));
   }
   SECTION("all-gather + reduce-scatter, replicated query") {
     fast.partial_dtype = PartialDtype::fp32;

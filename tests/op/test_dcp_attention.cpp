@@ -28,6 +28,7 @@ struct Result {
   std::vector<bfloat16> out;
   std::vector<float> lse;
   bool fell_back = false;
+  int num_splits = 0;
 };
 
 DcpConfig make_config(const Scenario& s, int group_size, DcpMode mode) {
@@ -45,10 +46,11 @@ DcpConfig make_config(const Scenario& s, int group_size, DcpMode mode) {
   return c;
 }
 
-template <CacheFormat F, bool Sparse, class Gather, class Combiner, class Comm>
+template <CacheFormat F, bool Sparse, class Gather, class Combiner, class Comm,
+          class Exec = HostExecution>
 Result run_op(Comm& comm, const Scenario& s, const DcpConfig& cfg) {
   using Kernel = std::conditional_t<Sparse, SparseMla<F>, DenseMla<F>>;
-  using Op = DcpAttention<RoundRobinOwnership, Gather, Kernel, Combiner, Comm, HostExecution>;
+  using Op = DcpAttention<RoundRobinOwnership, Gather, Kernel, Combiner, Comm, Exec>;
   const int n = comm.size(), rank = comm.rank();
   const std::int64_t t = s.rows(), h = s.num_heads, hl = h / n;
   Op op(comm, cfg);
@@ -81,7 +83,9 @@ Result run_op(Comm& comm, const Scenario& s, const DcpConfig& cfg) {
   // (else check_input_errors would report the poison).
   std::vector<std::byte> ws(Op::workspace_bytes(cfg), std::byte{0xff});
   Result r;
-  r.fell_back = op.forward(a, ws).gather_fell_back;
+  const ForwardInfo info = op.forward(a, ws);
+  r.fell_back = info.gather_fell_back;
+  r.num_splits = info.num_splits;
   // The host kernels throw on bad input inside forward(); nothing is left to report after it.
   CHECK_NOTHROW(op.check_input_errors(ws));
 
@@ -251,6 +255,54 @@ TEST_CASE("fast mode is within tolerance of N = 1 and of the reference", "[op][f
     for (std::size_t i = 0; i < r.out.size(); ++i)
       max_diff = std::max(max_diff, double(std::fabs(r.out[i].to_float() - single.out[i].to_float())));
     CHECK(max_diff <= 1.6e-2);  // a few bf16 ulps of |o| <= 2
+  }
+}
+
+namespace {
+/// HostExecution that chooses fast mode's split count itself, as CudaExecution does (a pretend
+/// GPU: 8 splits for a batch of up to 2 rows, else 1), with split states of 1 float per (split,
+/// row, head) and room in the workspace for 8 (split, row) pairs: a batch of 1 row runs 8
+/// splits, a batch of 2 rows is halved to 4.
+struct SplitPickingExec : HostExecution {
+  static int fast_mode_splits(const DcpConfig&, std::int64_t tokens) { return tokens <= 2 ? 8 : 1; }
+  static std::size_t attention_scratch_bytes(const DcpConfig& c, int splits) {
+    return splits > 1 ? std::size_t(splits) * std::size_t(c.max_tokens) * std::size_t(c.num_heads) *
+                            sizeof(float)
+                      : 0;
+  }
+  static std::size_t fast_mode_scratch_bytes(const DcpConfig& c) {
+    return std::size_t(8) * std::size_t(c.num_heads) * sizeof(float);
+  }
+};
+}  // namespace
+
+TEST_CASE("fast mode: the execution space's split count, halved to fit the workspace",
+          "[op][fast][splits]") {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  struct Case {
+    std::int64_t length;
+    int padding;  // rows of padding after the one request row
+    int splits;   // expected in fast mode
+  };
+  for (const Case k : {Case{300, 0, 8}, Case{300, 1, 4}, Case{70, 3, 1}}) {
+    const Scenario s = dcpattn::test::make_scenario(91u + unsigned(k.padding), {k.length}, {1},
+                                                    k.padding, /*heads=*/8, 1, 16, 24);
+    CAPTURE(k.length, k.padding, s.rows());
+    std::vector<double> ref_out, ref_lse;
+    reference<CacheFormat::bf16, false>(s, ref_out, ref_lse);
+    const DcpConfig fast = make_config(s, world.size(), DcpMode::fast);
+    const Result r = run_op<CacheFormat::bf16, false, DirectWorkspace, AllToAll, MpiCommunicator,
+                            SplitPickingExec>(world, s, fast);
+    CHECK(r.num_splits == k.splits);
+    CHECK(error_vs_reference(r, ref_out, ref_lse) <= 1.0);
+    // Deterministic mode keeps V / N whatever the execution space prefers.
+    const DcpConfig det = make_config(s, world.size(), DcpMode::deterministic);
+    const Result d = run_op<CacheFormat::bf16, false, DirectWorkspace, AllToAll, MpiCommunicator,
+                            SplitPickingExec>(world, s, det);
+    CHECK(d.num_splits == det.virtual_shards / world.size());
+    // And the plain host execution space keeps V / N in fast mode too.
+    const Result h = run_op<CacheFormat::bf16, false, DirectWorkspace, AllToAll>(world, s, fast);
+    CHECK(h.num_splits == fast.virtual_shards / world.size());
   }
 }
 

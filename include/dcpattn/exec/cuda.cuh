@@ -3,6 +3,7 @@
 // memory.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -59,10 +60,39 @@ struct CudaExecution {
     return owned;
   }
 
+  /// A shard length no batch reaches: fast_mode_splits does not know the real ones.
+  static constexpr std::int64_t kUnknownLength = std::int64_t(1) << 40;
+  /// Multiprocessors of the current device.
+  static int multiprocessors() {
+    int device = 0, sms = 0;
+    DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
+    DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }
+
   /// Device scratch the attention kernels need per forward (their split states), for
   /// config.max_tokens rows of config.num_heads heads and `num_splits` local splits.
   static std::size_t attention_scratch_bytes(const DcpConfig& config, int num_splits) {
     return cuda_kernels::mla_decode_scratch_bytes(config.max_tokens, config.num_heads, num_splits);
+  }
+
+  /// Fast mode's split count for a batch of `tokens` rows: the most splits that run in one wave
+  /// on the current device (cuda_kernels::mla_decode_fast_splits; the shard lengths are not
+  /// known on the host, so the 256-token minimum per split is not applied).
+  static int fast_mode_splits(const DcpConfig& config, std::int64_t tokens) {
+    return cuda_kernels::mla_decode_fast_splits(tokens, config.num_heads, kUnknownLength,
+                                                multiprocessors());
+  }
+  /// Attention scratch fast mode needs for any batch of up to config.max_tokens rows: with S > 1
+  /// splits the one-wave rule keeps T x ceil(H / 64) x S <= the SM count, so the split states of
+  /// one batch never exceed those of SMs / ceil(H / 64) rows at one split each (nor 64 splits of
+  /// max_tokens rows; S = 1 needs none).
+  static std::size_t fast_mode_scratch_bytes(const DcpConfig& config) {
+    const std::int64_t head_blocks = (std::int64_t(config.num_heads) + 63) / 64;
+    const std::int64_t max_splits = cuda_kernels::detail::mla::kMaxSplits;
+    const std::int64_t rows = std::min<std::int64_t>(std::int64_t(multiprocessors()) / head_blocks,
+                                                     max_splits * config.max_tokens);
+    return std::size_t(rows) * std::size_t(config.num_heads) * (kMlaVDim + 1) * sizeof(float);
   }
 
   /// Copies a strided (T, H, D) view into contiguous row-major device memory.

@@ -30,6 +30,8 @@ DCPATTN_NAMESPACE_BEGIN
 struct ForwardInfo {
   /// The batch exceeded the direct gather workspace and went through the all-gather fallback.
   bool gather_fell_back = false;
+  /// Local splits the attention kernel ran on this rank (DcpAttention::splits_for).
+  int num_splits = 0;
 };
 
 /// Decode context parallel attention over one DCP group.
@@ -199,7 +201,7 @@ class DcpAttention {
     p.softmax_scale = c.softmax_scale;
     p.page_size = c.page_size;
     p.interleave = c.interleave;
-    p.num_splits = num_splits();
+    p.num_splits = splits_for(c, t, w.attention_bytes);
     p.num_valid_rows = a.num_valid_rows;
     p.error_flags = reinterpret_cast<std::uint32_t*>(base + w.errors);
     exec_.clear_input_errors(p.error_flags, stream);
@@ -240,7 +242,7 @@ class DcpAttention {
         *comm_, exec_, ca, cuda::std::span<std::byte>(base + w.combine, w.combine_bytes), c,
         stream);
     if (config_.validate_collectively) check_input_errors(workspace, stream);
-    return ForwardInfo{outcome.used_fallback};
+    return ForwardInfo{outcome.used_fallback, p.num_splits};
   }
 
   /// Throws dcpattn::Error (naming this rank and the input) when the last forward() that used
@@ -264,8 +266,37 @@ class DcpAttention {
                   __LINE__, comm_->rank());
   }
 
+  /// Whether Exec chooses the split count of fast mode itself (CudaExecution does; see
+  /// docs/policies.md): `static int fast_mode_splits(const DcpConfig&, std::int64_t tokens)` and
+  /// `static std::size_t fast_mode_scratch_bytes(const DcpConfig&)`, an upper bound of
+  /// attention_scratch_bytes over every batch of up to max_tokens rows at those split counts.
+  static constexpr bool exec_picks_fast_splits =
+      requires(const DcpConfig& c, std::int64_t tokens) {
+        { Exec::fast_mode_splits(c, tokens) } -> std::convertible_to<int>;
+        { Exec::fast_mode_scratch_bytes(c) } -> std::convertible_to<std::size_t>;
+      };
+
+  /// Local splits of a forward of `tokens` rows whose workspace has `attention_bytes` of
+  /// attention scratch. Deterministic mode: V / N (part of the numerical contract). Fast mode:
+  /// Exec's choice when it makes one (the CUDA kernels: the most splits that run in one wave),
+  /// halved until its split states fit `attention_bytes`; else as deterministic mode when N
+  /// divides V, 1 otherwise.
+  static int splits_for(const DcpConfig& c, std::int64_t tokens, std::size_t attention_bytes) {
+    if constexpr (exec_picks_fast_splits) {
+      if (c.mode == DcpMode::fast) {
+        int s = int(Exec::fast_mode_splits(c, tokens));
+        if (s < 1) s = 1;
+        DcpConfig batch = c;
+        batch.max_tokens = int(tokens);
+        while (s > 1 && Exec::attention_scratch_bytes(batch, s) > attention_bytes) s /= 2;
+        return s;
+      }
+    }
+    return num_splits(c);
+  }
+
   /// Local splits per rank: V / N (the virtual shards this rank owns) when N divides V, else 1
-  /// (fast mode only).
+  /// (fast mode only). In fast mode the execution space may choose per batch (splits_for).
   int num_splits() const noexcept { return num_splits(config_); }
   static int num_splits(const DcpConfig& c) noexcept {
     return c.group_size > 0 && c.virtual_shards % c.group_size == 0
@@ -294,7 +325,13 @@ class DcpAttention {
     l.row_lengths = at;
     at += align(t * sizeof(std::int64_t));
     l.attention = at;
-    l.attention_bytes = c.group_size > 0 ? Exec::attention_scratch_bytes(c, num_splits(c)) : 0;
+    l.attention_bytes = 0;
+    if (c.group_size > 0) {
+      l.attention_bytes = Exec::attention_scratch_bytes(c, num_splits(c));
+      if constexpr (exec_picks_fast_splits) {
+        if (c.mode == DcpMode::fast) l.attention_bytes = Exec::fast_mode_scratch_bytes(c);
+      }
+    }
     at += align(l.attention_bytes);
     l.combine = at;
     l.combine_bytes = c.group_size > 0 ? Combiner::scratch_bytes(c) : 0;
