@@ -131,7 +131,8 @@ double median_us_graph(Fn&& fn, cudaStream_t stream, int calls_per_graph, int wa
 /// How median_us_flushed empties the L2 cache before each timed call.
 enum class Flush {
   /// cudaMemsetAsync over the buffer, as triton.testing.do_bench: the L2 is left full of dirty
-  /// lines, whose write-back to HBM the timed call pays (tens of us on a small call).
+  /// lines, whose write-back to HBM can land in the timed call (under 3 us on the H200's batch-1
+  /// MLA decode calls).
   write,
   /// A kernel reads the buffer: the L2 is left full of clean lines, none of them fn's inputs.
   read,

@@ -424,10 +424,13 @@ TEST_CASE("MpiStagedCommunicator refuses to be captured in a CUDA graph", "[cuda
 // The same operator over NcclCommunicator: one process per GPU (NCCL refuses two ranks on one
 // GPU before 2.30). With fewer GPUs than ranks the cases say so and check nothing.
 namespace {
+/// Whether every rank has its own GPU; when not, says so (the case then checks nothing).
 bool one_gpu_per_rank() {
   int devices = 0;
   CUDA_OK(cudaGetDeviceCount(&devices));
-  return devices >= dcpattn::test::world_size();
+  if (devices >= dcpattn::test::world_size()) return true;
+  WARN("fewer GPUs than ranks: NcclCommunicator needs one GPU per rank; nothing checked");
+  return false;
 }
 
 template <CacheFormat F, bool Sparse>
@@ -451,20 +454,14 @@ void check_nccl(bool graph) {
 
 TEST_CASE("NCCL: N GPUs are bitwise N = 1 (dense bf16, sparse fp8), close to the host",
           "[cuda][nccl][deterministic]") {
-  if (!one_gpu_per_rank()) {
-    WARN("fewer GPUs than ranks: NcclCommunicator needs one GPU per rank; nothing checked");
-    return;
-  }
+  if (!one_gpu_per_rank()) return;
   check_nccl<CacheFormat::bf16, false>(false);
   check_nccl<CacheFormat::fp8_ds_mla, true>(false);
 }
 
 TEST_CASE("NCCL inside a CUDA graph: the replayed forward is bitwise N = 1",
           "[cuda][nccl][graph]") {
-  if (!one_gpu_per_rank()) {
-    WARN("fewer GPUs than ranks: NcclCommunicator needs one GPU per rank; nothing checked");
-    return;
-  }
+  if (!one_gpu_per_rank()) return;
   check_nccl<CacheFormat::bf16, false>(true);
   check_nccl<CacheFormat::fp8_ds_mla, true>(true);
 }
@@ -481,10 +478,7 @@ __global__ void spin_until_set(const volatile int* flag, long long max_cycles) {
 
 TEST_CASE("NCCL watchdog: a step that misses its deadline aborts the communicator and throws",
           "[cuda][nccl][watchdog]") {
-  if (!one_gpu_per_rank()) {
-    WARN("fewer GPUs than ranks: NcclCommunicator needs one GPU per rank; nothing checked");
-    return;
-  }
+  if (!one_gpu_per_rank()) return;
   NcclCommunicator comm = NcclCommunicator::init(MPI_COMM_WORLD);
   const int rank = comm.rank();
   Stream stream;
