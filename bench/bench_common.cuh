@@ -220,7 +220,7 @@ class JsonRecords {
   }
   JsonRecords& field(const std::string& k, double v) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
+    std::snprintf(buf, sizeof buf, "%.10g", v);  // integers up to 2^33 exactly (lengths, bytes)
     rows_.back().emplace_back(k, buf);
     return *this;
   }

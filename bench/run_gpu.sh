@@ -135,12 +135,17 @@ for exe in "${benches[@]}"; do
   step "$name" "$exe" "$RESULTS/${name#bench_}.json"
 done
 
-# bench_comm over NCCL needs one MPI process per GPU: run it again at the machine's GPU count.
-if enabled bench && [ -x "$BUILD/bench/bench_comm" ]; then
-  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-  if [ "${gpus:-0}" -ge 2 ]; then
-    step "bench_comm_np$gpus" mpirun -np "$gpus" "$BUILD/bench/bench_comm" "$RESULTS/comm_np$gpus.json"
-  fi
+# bench_comm and bench_step over NCCL need one MPI process per GPU: bench_comm again at the
+# machine's GPU count, bench_step (the scaling figure) at every power of two up to it (its N = 1
+# run is the loop above).
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+if enabled bench && [ -x "$BUILD/bench/bench_comm" ] && [ "${gpus:-0}" -ge 2 ]; then
+  step "bench_comm_np$gpus" mpirun -np "$gpus" "$BUILD/bench/bench_comm" "$RESULTS/comm_np$gpus.json"
+fi
+if enabled bench && [ -x "$BUILD/bench/bench_step" ]; then
+  for ((np = 2; np <= ${gpus:-0}; np *= 2)); do
+    step "bench_step_np$np" mpirun -np "$np" "$BUILD/bench/bench_step" "$RESULTS/step_np$np.json"
+  done
 fi
 
 # ---- 5. PyTorch peers ----
