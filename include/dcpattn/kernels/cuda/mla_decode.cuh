@@ -851,6 +851,18 @@ DCPATTN_DEVICE void consumer_barrier() {
 DCPATTN_DEVICE void producer_barrier() {
   named_barrier(2, kProducers);
 }
+/// fp8: a CTA-wide hand-over, an mbarrier that all kThreads threads arrive on and then wait for
+/// (phase: the tile's parity). Not bar.sync: compute-sanitizer racecheck orders the accesses of
+/// two warpgroups across a CTA-wide bar.sync only when both have passed the same number of
+/// barriers, and the consumers' own bar.sync (twice a tile) and the producer's (data dependent
+/// for sparse) differ. It then reports the raw stage's reads and the next copy into it as races.
+/// Measured with a minimal kernel of this hand-over: clean with equal counts, flagged with
+/// unequal ones. mbarriers carry their own order (arrive releases, the wait acquires), as in the
+/// bf16 pipeline.
+DCPATTN_DEVICE void cta_handover(std::uint64_t* bar, int phase) {
+  mbar_arrive(bar);
+  mbar_wait(bar, phase);
+}
 
 /// Offset of 16-byte chunk c (0..71) of row r (0..63) in a swizzled 64 x 576 tile.
 DCPATTN_DEVICE std::uint32_t tile_offset(int r, int c) {
@@ -1071,38 +1083,41 @@ DCPATTN_DEVICE void load_tile_raw(const CacheView& cache, const int* slot_s, uns
   }
 }
 
-/// Dequantizes the raw entries of a tile into the swizzled K/V stage: e4m3 code * group scale,
-/// rounded to bf16 (the arithmetic of mla_split_kernel); the RoPE part is copied. A zero-filled
-/// entry (no token) gives a zero row. Producer warp w converts tokens [16 w, 16 w + 16); lane l
-/// items l and l + 32 (< 40) of each: items 0..31 are 16 codes, 32..39 8 RoPE values.
-DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int ptid) {
-  constexpr int kItems = DsMlaFp8Entry::latent_dim / 16 + DsMlaFp8Entry::rope_dim / 8;  // 40
-  const int lane = ptid & 31, w = ptid >> 5;
+/// Dequantizes a tile's raw entries into the swizzled K/V stage, shared by all 384 threads of the
+/// CTA (thread `tid`): e4m3 code * group scale rounded to bf16 (the arithmetic of
+/// mla_split_kernel) for the latent part, a copy for the RoPE part; a zero-filled entry (no
+/// token) gives a zero row. Items 0..2047 are (token, 16-code chunk), items 2048..2559 (token,
+/// 8 RoPE values), token fastest: a quarter warp reads 8 entries 656 bytes apart and writes 8
+/// rows of distinct swizzle phases, so neither side has a bank conflict. Every warp's 32 items
+/// are of one kind.
+DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int tid) {
+  constexpr int kLatentItems = kTileTokens * (DsMlaFp8Entry::latent_dim / 16);  // 2048
+  constexpr int kItems = kLatentItems + kTileTokens * (DsMlaFp8Entry::rope_dim / 8);  // 2560
+  static_assert(kLatentItems % 32 == 0, "dcpattn: a warp's items must be of one kind");
 #pragma unroll 2
-  for (int r = 0; r < kTileTokens / 4; ++r) {
-    const int tok = w * (kTileTokens / 4) + r;
+  for (int item = tid; item < kItems; item += kThreads) {
+    const int tok = item & (kTileTokens - 1);
     const unsigned char* e = raw_s + tok * kRawEntry;
-    {
-      const int c = lane;  // 16 codes
-      const uint4 raw = *reinterpret_cast<const uint4*>(e + c * 16);
-      const float scale = *reinterpret_cast<const float*>(e + DsMlaFp8Entry::scales_offset +
-                                                          4 * (c * 16 / DsMlaFp8Entry::group_size));
+    if (item < kLatentItems) {
+      const int cc = item >> 6;  // 16 codes: dims [16 cc, 16 cc + 16)
+      const uint4 raw = *reinterpret_cast<const uint4*>(e + cc * 16);
+      const float scale = *reinterpret_cast<const float*>(
+          e + DsMlaFp8Entry::scales_offset + 4 * (cc * 16 / DsMlaFp8Entry::group_size));
       const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
       std::uint32_t out[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
+      for (int q = 0; q < 8; ++q) {
         // Hardware e4m3x2 -> f16x2 -> f32 (exact: e4m3 values are f16 values), then the same
         // fp32 product and round-to-nearest bf16 as fp8_e4m3::decode(code) * scale.
-        const float2 f = e4m3x2_to_float2(words[k / 2] >> ((k % 2) * 16));
-        out[k] = cvt_bf16x2(f.x * scale, f.y * scale);
+        const float2 f = e4m3x2_to_float2(words[q / 2] >> ((q % 2) * 16));
+        out[q] = cvt_bf16x2(f.x * scale, f.y * scale);
       }
-      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * c)) =
+      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * cc)) =
           make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * c + 1)) =
+      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * cc + 1)) =
           make_uint4(out[4], out[5], out[6], out[7]);
-    }
-    if (lane + 32 < kItems) {
-      const int c = lane;  // RoPE chunk c (8 bf16)
+    } else {
+      const int c = (item - kLatentItems) >> 6;  // RoPE values [8 c, 8 c + 8)
       *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 64 + c)) =
           *reinterpret_cast<const uint4*>(e + DsMlaFp8Entry::rope_offset + c * 16);
     }
@@ -1114,13 +1129,19 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
 ///
 /// Roles. Warpgroup 2 (the producer) computes each tile's slots, copies the tile into shared
 /// memory and, for the fp8 cache, dequantizes it; warpgroups 0 and 1 (the consumers) compute.
-/// Tile i's slots sit in slot buffer i mod 4 with its token count (0: the split is done). The
-/// hand-over is a pair of mbarriers per K/V stage: `full` (the producer's 128 threads arrive once
-/// a tile's bytes are in place and fenced for the tensor cores) and `empty` (the consumers' 256
-/// threads arrive once their products have read the stage).
-///   bf16: two stages; tile i + 1 is copied while tile i is computed.
-///   fp8:  one K/V stage and one raw stage; the raw entries of tile i + 1 are copied while tile i
-///         is computed and dequantized as soon as the consumers release the K/V stage.
+/// Tile i's slots sit in slot buffer i mod 4 with its token count (0: the split is done).
+///   bf16: two K/V stages; tile i + 1 is copied while tile i is computed. The hand-over is a pair
+///         of mbarriers per stage: `full` (the producer's 128 threads arrive once a tile's bytes
+///         are in place and fenced for the tensor cores) and `empty` (the consumers' 256 threads
+///         arrive once their products have read the stage).
+///   fp8:  one K/V stage (two bf16 stages, the query block and a raw stage do not fit in 227 KiB)
+///         and one raw stage; the raw entries of tile i + 1 are copied while tile i is computed.
+///         Between tiles all 384 threads dequantize the raw stage into the K/V stage, between two
+///         CTA-wide hand-overs (cta_handover, mbarriers): `tile_begin` (the consumers' products of tile i - 1 are done, the
+///         raw entries of tile i have landed and its count is published) and `tile_ready` (the
+///         stage is complete and fenced; the raw stage is free). Sharing the conversion with the
+///         consumers, who would otherwise wait for it, makes it three times as wide as the
+///         producer warpgroup alone.
 template <bool kSparse, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
@@ -1166,9 +1187,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (tid == 0) {
-    for (int st = 0; st < L::stages; ++st) {
-      mbar_init(&full[st], kProducers);
-      mbar_init(&empty[st], kConsumers);
+    if constexpr (kFp8) {
+      mbar_init(&full[0], kThreads);   // tile_begin: the raw entries and count of tile i are in
+      mbar_init(&empty[0], kThreads);  // tile_ready: the K/V stage holds tile i; raw_s is free
+    } else {
+      for (int st = 0; st < L::stages; ++st) {
+        mbar_init(&full[st], kProducers);
+        mbar_init(&empty[st], kConsumers);
+      }
     }
   }
   __syncthreads();  // barriers initialized (the last CTA-wide barrier)
@@ -1280,20 +1306,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cp_async_commit();
       for (int i = 0;; ++i) {
-        cp_async_wait<0>();
-        producer_barrier();  // the raw entries (and the query) of every producer thread in place
-        if (i >= 1) mbar_wait(&empty[0], (i - 1) & 1);  // the consumers are done with tile i - 1
-        if (n_cur > 0) {
-          const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
-          if (kRawPath && a.cache_vector)
-            dequant_tile(raw_s, stage(0), ptid);
-          else
-            load_tile_direct(a.cache, a.cache_vector, slots, stage(0), ptid);
-        }
+        cp_async_wait<0>();  // the raw entries (and the query) this thread copied are in place
+        cta_handover(&full[0], i & 1);  // tile_begin
+        if (n_cur == 0) break;  // the end marker: the consumers read the count 0 and stop
+        if (kRawPath && a.cache_vector)
+          dequant_tile(raw_s, stage(0), tid);
+        else
+          load_tile_direct(a.cache, a.cache_vector, slot_s + (i % kSlotBufs) * kTileTokens,
+                           stage(0), ptid);
         fence_proxy_async();
-        mbar_arrive(&full[0]);  // tile i (or the end marker) handed over
-        if (n_cur == 0) break;
-        producer_barrier();  // raw_s free: every dequantization read is done
+        cta_handover(&empty[0], i & 1);  // tile_ready: tile i complete; raw_s free
         const int n_next = next_tile((i + 1) % kSlotBufs);
         if constexpr (kRawPath) {
           if (n_next > 0 && a.cache_vector)
@@ -1325,9 +1347,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t pa = smem_u32(p_s);
   for (int i = 0;; ++i) {
     const int st = kFp8 ? 0 : (i & 1);
-    mbar_wait(&full[st], kFp8 ? (i & 1) : ((i >> 1) & 1));
+    if constexpr (kFp8) {
+      cta_handover(&full[0], i & 1);  // tile_begin (this thread's products of tile i - 1 are done)
+    } else {
+      mbar_wait(&full[st], (i >> 1) & 1);
+    }
     const int n_tile = count_s[i % kSlotBufs];
     if (n_tile == 0) break;
+    if constexpr (kFp8) {
+      if (kRawPath && a.cache_vector) dequant_tile(raw_s, stage(0), tid);
+      fence_proxy_async();
+      cta_handover(&empty[0], i & 1);  // tile_ready
+    }
     const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
     const std::uint32_t k_s = smem_u32(stage(st));
 
@@ -1422,7 +1453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                        gmma_desc(va + kk * 2048, kBlock, 1024), 1);
     wgmma_commit();
     wgmma_wait_all();
-    mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
+    if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
   }
 
   // --- The state: o = acc / l with l the sum of the warpgroups' shares (warpgroup 0's first),
