@@ -681,6 +681,19 @@ DCPATTN_DEVICE float merge_element_rn(float oa, float ob, float wa, float wb) {
   return wb == 0.0f ? ta : (wa == 0.0f ? tb : __fadd_rn(ta, tb));
 }
 
+/// The element merges of mla_merge_kernel from level `Level` (pairs k, k + Half) down to the
+/// root, unrolled at compile time: every index of v is a constant, so v stays in registers (a
+/// loop over the levels left v in local memory for S >= 16).
+template <int Half, int Level, int S, class W>
+DCPATTN_DEVICE void merge_levels(float (&v)[S], const W& wa_s, const W& wb_s) {
+  if constexpr (Half >= 1) {
+#pragma unroll
+    for (int k = 0; k < Half; ++k)
+      v[k] = merge_element_rn(v[k], v[k + Half], wa_s[Level][k], wb_s[Level][k]);
+    merge_levels<Half / 2, Level + 1>(v, wa_s, wb_s);
+  }
+}
+
 /// Tree-merges S states (S, T, H, 512) + (S, T, H) along tree_merge's tree and writes the result
 /// to o/lse; padding rows t >= num_valid_rows get the neutral state without reading the states.
 /// One CTA of 512 threads per (t, h), one value dim per thread: a thread loads its dim of all S
@@ -726,13 +739,7 @@ __global__ void __launch_bounds__(kMlaVDim)
     }
   }
   __syncthreads();
-#pragma unroll
-  for (int level = 0; level < kLevels; ++level) {
-    const int half = S >> (level + 1);
-#pragma unroll
-    for (int k = 0; k < half; ++k)
-      v[k] = merge_element_rn(v[k], v[k + half], wa_s[level][k], wb_s[level][k]);
-  }
+  merge_levels<S / 2, 0>(v, wa_s, wb_s);
   o(t, std::int64_t(h), std::int64_t(d)) = v[0];
   if (d == 0) lse(t, std::int64_t(h)) = lse_s[0];
 }
