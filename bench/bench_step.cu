@@ -34,6 +34,7 @@
 #include <mpi.h>
 
 #include "bench_common.cuh"
+#include "bench_mpi.cuh"
 
 #include "dcpattn/comm/nccl.cuh"
 #include "dcpattn/dcpattn.hpp"
@@ -44,19 +45,14 @@ namespace {
 
 using dcpattn::bfloat16;
 using dcpattn::CacheFormat;
-using dcpattn::bench::DeviceBuffer;
 using dcpattn::make_view;
+using dcpattn::bench::DeviceBuffer;
+using dcpattn::bench::max_over_ranks;
 
 constexpr int kHeads = 128;
 constexpr int kPage = 64;
 constexpr int kQ = 1536;  // q_lora_rank
 constexpr float kScale = 0.0721687836f;
-
-double max_over_ranks(double v) {
-  double m = v;
-  MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return m;
-}
 
 /// A device copy of a host vector.
 struct Uploaded : DeviceBuffer {
@@ -99,7 +95,8 @@ void run_case(dcpattn::NcclCommunicator& comm, const Case& cs, cudaStream_t stre
   const std::int64_t local = op.ownership().local_length(len, rank);
   const std::int64_t pages = (local + kPage - 1) / kPage;
   const std::int64_t num_slots = std::max<std::int64_t>(b * pages, 1) * kPage;
-  const std::size_t row_bytes = dcpattn::mla_cache_row_width(F) * sizeof(dcpattn::mla_cache_element_t<F>);
+  const std::size_t row_bytes =
+      dcpattn::mla_cache_row_width(F) * sizeof(dcpattn::mla_cache_element_t<F>);
   std::vector<std::int32_t> table(std::size_t(b * pages));
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = std::int32_t(i);
   const std::size_t rows = static_cast<std::size_t>(b);
@@ -107,8 +104,8 @@ void run_case(dcpattn::NcclCommunicator& comm, const Case& cs, cudaStream_t stre
   std::vector<std::int64_t> row_bound(rows, len), positions(rows, cs.length), slots(rows, -1);
   for (std::int64_t r = 0; r < b; ++r) {
     row_request[std::size_t(r)] = std::int32_t(r);
-    slots[std::size_t(r)] = dcpattn::paged_slot(op.ownership(), cs.length, rank,
-                                                 table.data() + r * pages, kPage);
+    slots[std::size_t(r)] =
+        dcpattn::paged_slot(op.ownership(), cs.length, rank, table.data() + r * pages, kPage);
   }
   DeviceBuffer cache(std::size_t(num_slots) * row_bytes, 0x3c);  // finite values, fp8 included
   const Uploaded d_table(table), d_row_request(row_request), d_row_bound(row_bound),
@@ -157,12 +154,11 @@ void run_case(dcpattn::NcclCommunicator& comm, const Case& cs, cudaStream_t stre
   // A few ms per step at 1M: fewer calls per graph there.
   const int calls = len > 200'000 ? 2 : 10;
   const double step_us = max_over_ranks(dcpattn::bench::median_us_graph(step, stream, calls));
-  const double forward_us =
-      max_over_ranks(dcpattn::bench::median_us_graph(forward, stream, calls));
-  const double kv_gib = max_over_ranks(double(b * pages * kPage) * double(row_bytes)) /
-                        double(1ull << 30);
-  const double flops = 2.0 * double(b) * kHeads * double(len) *
-                       double(dcpattn::kMlaQkDim + dcpattn::kMlaVDim);
+  const double forward_us = max_over_ranks(dcpattn::bench::median_us_graph(forward, stream, calls));
+  const double kv_gib =
+      max_over_ranks(double(b * pages * kPage) * double(row_bytes)) / double(1ull << 30);
+  const double flops =
+      2.0 * double(b) * kHeads * double(len) * double(dcpattn::kMlaQkDim + dcpattn::kMlaVDim);
   const double tflops = flops / (step_us * 1e-6) / n / 1e12;
   if (rank != 0) return;
   const char* fmt = F == CacheFormat::bf16 ? "bf16" : "fp8";
@@ -187,59 +183,43 @@ void run_case(dcpattn::NcclCommunicator& comm, const Case& cs, cudaStream_t stre
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 1, devices = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int rc = 0;
-  try {
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-    if (devices < size || kHeads % size != 0) {
-      if (rank == 0)
-        std::printf("bench_step: %d ranks on %d GPUs; needs one GPU per rank and N | 128\n", size,
-                    devices);
-      MPI_Finalize();
-      return 0;
-    }
-    DCPATTN_CUDA_CHECK(cudaSetDevice(rank));
-    dcpattn::NcclCommunicator comm = dcpattn::NcclCommunicator::init(MPI_COMM_WORLD);
-    cudaStream_t stream;
-    DCPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    const bool quick = std::getenv("DCPATTN_BENCH_QUICK") != nullptr;
-    const std::vector<int> batches = quick ? std::vector<int>{1} : std::vector<int>{1, 32};
-    const std::vector<std::int64_t> lengths =
-        quick ? std::vector<std::int64_t>{131072} : std::vector<std::int64_t>{131072, 1048576};
-    const std::int64_t max_position = lengths.back() + 1;
-    const char* v_env = std::getenv("DCPATTN_BENCH_V");
-    const int v = v_env ? std::atoi(v_env) : 64;
-    // Norm weights (q, kv) near 1 and a cos/sin table of finite values.
-    DeviceBuffer weights(std::size_t(kQ + dcpattn::kMlaLatentDim) * 2);
-    {
-      std::vector<bfloat16> h(std::size_t(kQ + dcpattn::kMlaLatentDim), bfloat16::from_float(1.0f));
-      DCPATTN_CUDA_CHECK(cudaMemcpy(weights.ptr, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-    }
-    DeviceBuffer cos_sin(std::size_t(max_position) * dcpattn::kMlaRopeDim * 4, 0x3c);
-    dcpattn::bench::JsonRecords json;
-    if (rank == 0)
-      std::printf("%-5s %-7s %3s %8s %3s %8s %10s %10s %8s %6s\n", "cache", "mode", "B", "L", "N",
-                  "kv_GiB", "step_us", "fwd_us", "TFLOP/s", "splits");
-    for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
-      for (std::int64_t len : lengths)
-        for (int b : batches)
-          for (dcpattn::DcpMode m : {dcpattn::DcpMode::fast, dcpattn::DcpMode::deterministic}) {
-            const Case cs{f, b, len, m};
-            if (f == CacheFormat::bf16)
-              run_case<CacheFormat::bf16>(comm, cs, stream, json, weights, cos_sin, max_position, v);
-            else
-              run_case<CacheFormat::fp8_ds_mla>(comm, cs, stream, json, weights, cos_sin,
-                                                max_position, v);
-          }
-    if (rank == 0) json.write(dcpattn::bench::json_path(argc, argv, "step.json"));
-    cudaStreamDestroy(stream);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_step [rank %d]: %s\n", rank, e.what());
-    rc = 1;
-  }
-  MPI_Finalize();
-  return rc;
+  return dcpattn::bench::run_per_gpu(
+      argc, argv, "bench_step", "needs one GPU per rank and N dividing 128",
+      [](int size) { return kHeads % size == 0; },
+      [&](dcpattn::NcclCommunicator& comm, cudaStream_t stream) {
+        const int rank = comm.rank();
+        const bool quick = std::getenv("DCPATTN_BENCH_QUICK") != nullptr;
+        const std::vector<int> batches = quick ? std::vector<int>{1} : std::vector<int>{1, 32};
+        const std::vector<std::int64_t> lengths =
+            quick ? std::vector<std::int64_t>{131072} : std::vector<std::int64_t>{131072, 1048576};
+        const std::int64_t max_position = lengths.back() + 1;
+        const char* v_env = std::getenv("DCPATTN_BENCH_V");
+        const int v = v_env ? std::atoi(v_env) : 64;
+        // Norm weights (q, kv) near 1 and a cos/sin table of finite values.
+        DeviceBuffer weights(std::size_t(kQ + dcpattn::kMlaLatentDim) * 2);
+        {
+          std::vector<bfloat16> h(std::size_t(kQ + dcpattn::kMlaLatentDim),
+                                  bfloat16::from_float(1.0f));
+          DCPATTN_CUDA_CHECK(
+              cudaMemcpy(weights.ptr, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+        }
+        DeviceBuffer cos_sin(std::size_t(max_position) * dcpattn::kMlaRopeDim * 4, 0x3c);
+        dcpattn::bench::JsonRecords json;
+        if (rank == 0)
+          std::printf("%-5s %-7s %3s %8s %3s %8s %10s %10s %8s %6s\n", "cache", "mode", "B", "L",
+                      "N", "kv_GiB", "step_us", "fwd_us", "TFLOP/s", "splits");
+        for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla})
+          for (std::int64_t len : lengths)
+            for (int b : batches)
+              for (dcpattn::DcpMode m : {dcpattn::DcpMode::fast, dcpattn::DcpMode::deterministic}) {
+                const Case cs{f, b, len, m};
+                if (f == CacheFormat::bf16)
+                  run_case<CacheFormat::bf16>(comm, cs, stream, json, weights, cos_sin,
+                                              max_position, v);
+                else
+                  run_case<CacheFormat::fp8_ds_mla>(comm, cs, stream, json, weights, cos_sin,
+                                                    max_position, v);
+              }
+        if (rank == 0) json.write(dcpattn::bench::json_path(argc, argv, "step.json"));
+      });
 }
