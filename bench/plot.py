@@ -18,6 +18,7 @@ import collections
 import glob
 import json
 import os
+import re
 import sys
 
 X_KEYS = ("T", "context", "batch", "tokens", "rows", "num_tokens")
@@ -39,7 +40,9 @@ def is_measurement(key):
 
 
 def family_of(path):
-    stem = os.path.splitext(os.path.basename(path))[0]
+    # step.json, step_np2.json and step.n2.v64.json are one family: the part before the first dot,
+    # without a rank-count suffix _np<N>.
+    stem = re.sub(r"_np[0-9]+$", "", os.path.basename(path).split(".")[0])
     for suffix in ("_peers", "_peer"):
         if stem.endswith(suffix):
             return stem[: -len(suffix)]
@@ -176,6 +179,88 @@ def plot_mla(plt, records, out_dir):
     print(f"plot: wrote {path}")
 
 
+def plot_step(plt, records, out_dir):
+    """step (bench_step at N = 1, 2, 4, 8): the DCP scaling of a whole decode step. Step time and
+    speed-up over N for each (cache, batch, context), fast mode solid and deterministic mode
+    dashed, the ideal speed-up N dotted; KV-cache GiB per GPU."""
+    rows = [r for r in records if isinstance(r.get("N"), (int, float)) and "step_us" in r]
+    if not rows:
+        print("plot: step: no records")
+        return
+    cases = sorted({(r["format"], r["batch"], int(r["length"])) for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    for (fmt_, batch, length) in cases:
+        label = f"{fmt_} B={batch} L={length // 1024}K"
+        for mode, style in (("fast", "-"), ("determ", "--")):
+            pts = sorted((r["N"], r["step_us"]) for r in rows
+                         if (r["format"], r["batch"], int(r["length"])) == (fmt_, batch, length)
+                         and r["mode"] == mode)
+            if not pts:
+                continue
+            line = axes[0].plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                                linestyle=style, label=f"{label} {mode}")[0]
+            base = dict(pts).get(1)
+            if base:
+                axes[1].plot([p[0] for p in pts], [base / p[1] for p in pts], marker="o",
+                             linestyle=style, color=line.get_color(), label=f"{label} {mode}")
+        kv = sorted({(r["N"], r["kv_gib_per_gpu"]) for r in rows
+                     if (r["format"], r["batch"], int(r["length"])) == (fmt_, batch, length)})
+        axes[2].plot([p[0] for p in kv], [p[1] for p in kv], marker="o", label=label)
+    ns = sorted({r["N"] for r in rows})
+    axes[1].plot(ns, ns, color="gray", linestyle=":", label="ideal (N)")
+    titles = ("step time (us, CUDA-graph replays)", "speed-up over N = 1", "KV cache per GPU (GiB)")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns)
+        ax.set_xticklabels([str(n) for n in ns])
+        ax.set_xlabel("DCP size N (GPUs)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=6, ncol=2)
+    axes[2].legend(fontsize=6)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "step.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: wrote {path}")
+
+
+def plot_comm(plt, records, out_dir):
+    """comm (bench_comm at N GPUs): per-call time over T of the query gathers beside NCCL's raw
+    all-gather, and of the combines beside the raw all-to-all of the fp32 payload; one column per
+    head count, one PNG per N."""
+    rows = [r for r in records if isinstance(r.get("T"), (int, float)) and "median_us" in r]
+    groups = (("gather", ("gather_direct", "gather_fallback", "nccl_all_gather")),
+              ("combine", ("combine_a2a_fp32", "combine_a2a_bf16", "combine_agrs",
+                           "nccl_all_to_all")))
+    for n in sorted({r["N"] for r in rows}):
+        heads = sorted({r["H"] for r in rows if r["N"] == n})
+        fig, axes = plt.subplots(2, len(heads), figsize=(5.5 * len(heads), 8), squeeze=False)
+        for col, h in enumerate(heads):
+            for row, (title, ops) in enumerate(groups):
+                ax = axes[row][col]
+                for op in ops:
+                    pts = sorted((r["T"], r["median_us"]) for r in rows
+                                 if r["N"] == n and r["H"] == h and r["op"] == op)
+                    if pts:
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                                linestyle=":" if op.startswith("nccl") else "-", label=op)
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel("T (tokens)")
+                ax.set_ylabel("us per call")
+                ax.set_title(f"{title}, H = {h}, N = {n}", fontsize=9)
+                ax.grid(True, which="both", alpha=0.3)
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out_dir, f"comm_N-{n}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        print(f"plot: wrote {path}")
+
+
 def main():
     results = sys.argv[1] if len(sys.argv) > 1 else "bench/results"
     out_dir = sys.argv[2] if len(sys.argv) > 2 else results
@@ -195,6 +280,12 @@ def main():
     for family, records in sorted(families.items()):
         if family == "mla_decode":
             plot_mla(plt, records, out_dir)
+            continue
+        if family == "comm":
+            plot_comm(plt, records, out_dir)
+            continue
+        if family == "step":
+            plot_step(plt, records, out_dir)
             continue
         ceiling = ceiling_of(records)
         records = [r for r in records if "copy_ceiling" not in (r.get("impl"), r.get("kernel"))]
