@@ -240,6 +240,9 @@ class NcclCommunicator {
   /// A borrowed communicator is aborted as well: its owner must not destroy it afterwards.
   /// ncclCommAbort ends NCCL's own kernels but waits for other kernels running on the GPU: a
   /// stalled kernel that is not NCCL's delays the throw until it ends.
+  /// A peer that joins after the others gave up may still complete the collective they had fed
+  /// (measured on two H200s) and fail only at the next one: treat a watchdog error on any rank as
+  /// the end of the whole group.
   /// Blocking: call it where the engine would synchronize anyway, not inside a CUDA graph capture.
   void synchronize_with_watchdog(cudaStream_t stream, std::chrono::milliseconds timeout) {
     require_live();
