@@ -1144,11 +1144,11 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
 ///   fp8:  one K/V stage (two bf16 stages, the query block and a raw stage do not fit in 227 KiB)
 ///         and one raw stage; the raw entries of tile i + 1 are copied while tile i is computed.
 ///         Between tiles all 384 threads dequantize the raw stage into the K/V stage, between two
-///         CTA-wide hand-overs (cta_handover, mbarriers): `tile_begin` (the consumers' products of tile i - 1 are done, the
-///         raw entries of tile i have landed and its count is published) and `tile_ready` (the
-///         stage is complete and fenced; the raw stage is free). Sharing the conversion with the
-///         consumers, who would otherwise wait for it, makes it three times as wide as the
-///         producer warpgroup alone.
+///         CTA-wide hand-overs (cta_handover, mbarriers): `tile_begin` (the consumers' products
+///         of tile i - 1 are done, the raw entries of tile i have landed and its count is
+///         published) and `tile_ready` (the stage is complete and fenced; the raw stage is free).
+///         Sharing the conversion with the consumers, who would otherwise wait for it, makes it
+///         three times as wide as the producer warpgroup alone.
 template <bool kSparse, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
