@@ -103,6 +103,14 @@ def label_keys(records, x_key):
     return kept
 
 
+def save(plt, fig, path, dpi=110, note=""):
+    """Lays out, writes and closes a figure, and says so."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    print(f"plot: wrote {path}{note}")
+
+
 def draw(plt, title, records, x_key, t_key, bw_key, keys, ceiling, path):
     lines = collections.defaultdict(list)
     for r in records:
@@ -136,10 +144,7 @@ def draw(plt, title, records, x_key, t_key, bw_key, keys, ceiling, path):
         ax_b.legend(fontsize=7)
     else:
         ax_t.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"plot: wrote {path} ({len(lines)} lines)")
+    save(plt, fig, path, dpi=120, note=f" ({len(lines)} lines)")
 
 
 def plot_mla(plt, records, out_dir):
@@ -172,11 +177,7 @@ def plot_mla(plt, records, out_dir):
         ax.set_title(title, fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "mla_decode.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"plot: wrote {path}")
+    save(plt, fig, os.path.join(out_dir, "mla_decode.png"))
 
 
 def plot_step(plt, records, out_dir):
@@ -220,11 +221,7 @@ def plot_step(plt, records, out_dir):
     axes[2].set_yscale("log")
     axes[0].legend(fontsize=6, ncol=2)
     axes[2].legend(fontsize=6)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "step.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"plot: wrote {path}")
+    save(plt, fig, os.path.join(out_dir, "step.png"))
 
 
 def plot_comm(plt, records, out_dir):
@@ -254,11 +251,7 @@ def plot_comm(plt, records, out_dir):
                 ax.set_title(f"{title}, H = {h}, N = {n}", fontsize=9)
                 ax.grid(True, which="both", alpha=0.3)
                 ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"comm_N-{n}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        print(f"plot: wrote {path}")
+        save(plt, fig, os.path.join(out_dir, f"comm_N-{n}.png"))
 
 
 def main():
