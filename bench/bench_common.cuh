@@ -26,6 +26,12 @@ struct DeviceBuffer {
     DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1));
     if (fill >= 0) DCPATTN_CUDA_CHECK(cudaMemset(ptr, fill, bytes ? bytes : 1));
   }
+  /// A device copy of a host vector.
+  template <class T>
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size() * sizeof(T)) {
+    DCPATTN_CUDA_CHECK(
+        cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { cudaFree(ptr); }

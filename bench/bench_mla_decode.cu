@@ -110,18 +110,12 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   std::iota(table.begin(), table.end(), 0);
   std::mt19937_64 rng(7);
   std::shuffle(table.begin(), table.end(), rng);
-  DeviceBuffer d_table(table.size() * 4);
-  DCPATTN_CUDA_CHECK(
-      cudaMemcpy(d_table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  const DeviceBuffer d_table(table);
 
   std::vector<std::int32_t> row_request(static_cast<std::size_t>(B));
   std::iota(row_request.begin(), row_request.end(), 0);
   std::vector<std::int64_t> row_len(static_cast<std::size_t>(B), L);
-  DeviceBuffer d_req(4 * std::size_t(B)), d_len(8 * std::size_t(B));
-  DCPATTN_CUDA_CHECK(
-      cudaMemcpy(d_req.ptr, row_request.data(), 4 * std::size_t(B), cudaMemcpyHostToDevice));
-  DCPATTN_CUDA_CHECK(
-      cudaMemcpy(d_len.ptr, row_len.data(), 8 * std::size_t(B), cudaMemcpyHostToDevice));
+  const DeviceBuffer d_req(row_request), d_len(row_len);
 
   DeviceBuffer q(std::size_t(B) * H * 576 * 2);
   fill_bf16<<<1024, 256, 0, stream>>>(q.as<bfloat16>(), std::size_t(B) * H * 576, 5, -1.0f, 1.0f);

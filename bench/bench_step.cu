@@ -54,13 +54,6 @@ constexpr int kPage = 64;
 constexpr int kQ = 1536;  // q_lora_rank
 constexpr float kScale = 0.0721687836f;
 
-/// A device copy of a host vector.
-struct Uploaded : DeviceBuffer {
-  template <class T>
-  explicit Uploaded(const std::vector<T>& h) : DeviceBuffer(h.size() * sizeof(T)) {
-    DCPATTN_CUDA_CHECK(cudaMemcpy(ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-};
 
 struct Case {
   CacheFormat format;
@@ -108,7 +101,7 @@ void run_case(dcpattn::NcclCommunicator& comm, const Case& cs, cudaStream_t stre
         dcpattn::paged_slot(op.ownership(), cs.length, rank, table.data() + r * pages, kPage);
   }
   DeviceBuffer cache(std::size_t(num_slots) * row_bytes, 0x3c);  // finite values, fp8 included
-  const Uploaded d_table(table), d_row_request(row_request), d_row_bound(row_bound),
+  const DeviceBuffer d_table(table), d_row_request(row_request), d_row_bound(row_bound),
       d_positions(positions), d_slots(slots);
   // Prologue inputs and outputs; q (B, H / N, 576): this rank's heads after the projections.
   DeviceBuffer q_c(std::size_t(b) * kQ * 2, 0x3c), q_c_out(std::size_t(b) * kQ * 2),

@@ -530,6 +530,7 @@ TEST_CASE("NCCL watchdog: a step that misses its deadline aborts the communicato
     CHECK(std::string(e.what()).find("watchdog aborted it") != std::string::npos);
   }
 }
+
 TEST_CASE("NCCL watchdog: a peer that never joins a collective aborts every rank, none hangs",
           "[cuda][nccl][watchdog]") {
   if (!one_gpu_per_rank()) return;
