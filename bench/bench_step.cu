@@ -54,7 +54,6 @@ constexpr int kPage = 64;
 constexpr int kQ = 1536;  // q_lora_rank
 constexpr float kScale = 0.0721687836f;
 
-
 struct Case {
   CacheFormat format;
   int batch;
