@@ -18,12 +18,15 @@
 // bytes), 1, 64) from its own bytes per call (the peers use the same rule), so that consecutive
 // calls do not find their inputs in L2; pct_l2_footprint = 100 sets bytes / L2 says where 64 sets
 // could not reach that (small T: the graph then runs from L2, for the peers as for us).
+// copy_same_us: a plain copy of the same bytes timed the same way (bench::same_size_copy_us), the
+// ceiling at this size; pct_copy_same = 100 copy_same_us / median_us.
 //
 // Usage: bench_combine [out.json]   (default: bench_combine.json)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -102,8 +105,11 @@ int main(int argc, char** argv) {
                          "launch included; inputs rotate over sets = clamp(ceil(3 L2 / bytes), 1, "
                          "64) copies; gbps and pct_copy_bw from median_us"));
 
-  std::printf("%-16s %6s %4s %2s %9s %9s %9s %12s %7s %6s %6s %5s\n", "kernel", "T", "H", "N",
-              "graph_us", "single_us", "eager_us", "bytes", "GB/s", "%copy", "%copy1", "sets");
+  std::printf("%-16s %6s %4s %2s %9s %9s %9s %12s %7s %6s %6s %5s %8s %6s\n", "kernel", "T", "H",
+              "N", "graph_us", "single_us", "eager_us", "bytes", "GB/s", "%copy", "%copy1", "sets",
+              "copy_us", "%same");
+  // time of a copy of the same bytes (bench::same_size_copy_us), per byte count
+  std::map<double, double> copy_same_us;
   for (std::int64_t t : {1, 16, 64, 256, 1024, 8192}) {
     for (std::int64_t h : {16, 128}) {
       for (int n : {2, 4, 8}) {
@@ -159,16 +165,20 @@ int main(int argc, char** argv) {
         const TensorView<float, 2> no_lse{};
         // the received chunks: this rank's pack output stands in for what the exchange delivers
         for (int i = 0; i < sets; ++i) {
-          cuda_kernels::combine_pack_a2a<lse_base_e>(o_view(i), lse_view(i), int(t), n,
-                                                     PartialDtype::fp32, l32, s32 + i * s32_b, stream);
-          cuda_kernels::combine_pack_a2a<lse_base_e>(o_view(i), lse_view(i), int(t), n,
-                                                     PartialDtype::bf16, l16, s16 + i * s16_b, stream);
+          cuda_kernels::combine_pack_a2a<lse_base_e>(
+              o_view(i), lse_view(i), int(t), n, PartialDtype::fp32, l32, s32 + i * s32_b, stream);
+          cuda_kernels::combine_pack_a2a<lse_base_e>(
+              o_view(i), lse_view(i), int(t), n, PartialDtype::bf16, l16, s16 + i * s16_b, stream);
         }
         DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
 
         // Times `call(i)` (i: the input set) three ways, rotating over the sets its bytes need.
         auto run = [&](const char* kernel, double bytes, const auto& call) {
           const int k_sets = std::min(sets, sets_for(bytes));
+          auto cached = copy_same_us.find(bytes);
+          if (cached == copy_same_us.end())
+            cached = copy_same_us.emplace(bytes, bench::same_size_copy_us(bytes, l2, stream)).first;
+          const double copy_us = cached->second;
           int it = 0;
           auto next = [&] { call((it++) % k_sets); };
           const double eager_us = bench::median_us(next, stream);
@@ -179,10 +189,11 @@ int main(int argc, char** argv) {
           const double gbs = bytes / (us * 1e3), gbs1 = bytes / (single_us * 1e3);
           const double l2_pct = 100.0 * double(k_sets) * bytes / double(l2);
           std::printf(
-              "%-16s %6lld %4lld %2d %9.2f %9.2f %9.2f %12.0f %7.0f %5.1f%% %5.1f%% %5d%s\n",
+              "%-16s %6lld %4lld %2d %9.2f %9.2f %9.2f %12.0f %7.0f %5.1f%% %5.1f%% %5d %8.2f "
+              "%5.1f%%%s\n",
               kernel, (long long)s.t, (long long)s.h, s.n, us, single_us, eager_us, bytes, gbs,
-              100.0 * gbs / copy_gbs, 100.0 * gbs1 / copy_gbs, k_sets,
-              l2_pct < 200.0 ? " (L2)" : "");
+              100.0 * gbs / copy_gbs, 100.0 * gbs1 / copy_gbs, k_sets, copy_us,
+              100.0 * copy_us / us, l2_pct < 200.0 ? " (L2)" : "");
           json.begin()
               .field("kernel", std::string(kernel))
               .field("T", double(s.t))
@@ -198,7 +209,9 @@ int main(int argc, char** argv) {
               .field("pct_copy_bw_single", 100.0 * gbs1 / copy_gbs)
               .field("sets", double(k_sets))
               .field("calls_per_graph", double(calls))
-              .field("pct_l2_footprint", l2_pct);
+              .field("pct_l2_footprint", l2_pct)
+              .field("copy_same_us", copy_us)
+              .field("pct_copy_same", 100.0 * copy_us / us);
         };
 
         // pack: read o + lse, write N chunks (o in the partial dtype + lse); it rewrites the
@@ -220,9 +233,10 @@ int main(int argc, char** argv) {
           DcpMode mode;
           PartialDtype dt;
         };
-        for (const MergeCase& mc : {MergeCase{"merge_det_fp32", DcpMode::deterministic, PartialDtype::fp32},
-                                    MergeCase{"merge_fast_fp32", DcpMode::fast, PartialDtype::fp32},
-                                    MergeCase{"merge_fast_bf16", DcpMode::fast, PartialDtype::bf16}}) {
+        for (const MergeCase& mc :
+             {MergeCase{"merge_det_fp32", DcpMode::deterministic, PartialDtype::fp32},
+              MergeCase{"merge_fast_fp32", DcpMode::fast, PartialDtype::fp32},
+              MergeCase{"merge_fast_bf16", DcpMode::fast, PartialDtype::bf16}}) {
           const auto& lay = mc.dt == PartialDtype::fp32 ? l32 : l16;
           const std::byte* base = mc.dt == PartialDtype::fp32 ? s32 : s16;
           const std::size_t stride = mc.dt == PartialDtype::fp32 ? s32_b : s16_b;

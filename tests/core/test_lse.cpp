@@ -411,6 +411,65 @@ TEST_CASE("merge_lse_n and merge_weight: agree with a long double reference", "[
   CHECK(dcpattn::merge_weight(3.0f, 3.0f) == 1.0f);
 }
 
+TEST_CASE("fast_sum_n and fast_weight: the fast merge's weights agree with a long double reference",
+          "[lse]") {
+  LseSource src(6);
+  int live_cases = 0;
+  for (int n = 0; n <= 16; ++n) {
+    for (int k = 0; k < 2000; ++k) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      const int mode = k % 4;  // 0: all empty, 1: mixed, 2: small magnitudes, 3: near +-1e4
+      for (auto& v : x) {
+        if (mode == 0)
+          v = -kInf;
+        else if (mode == 1)
+          v = dcpattn::sanitize_lse(src.raw());
+        else if (mode == 2)
+          v = src.finite(-30.0f, 30.0f);
+        else
+          v = (k % 8 == 3 ? 1e4f : -1e4f) + src.finite(-40.0f, 40.0f);
+      }
+      auto at = [&](int i) { return x[std::size_t(i)]; };
+      const dcpattn::LseSum s = dcpattn::fast_sum_n(at, n);
+      // on the host fast_sum_n is lse_sum_n, and lse_of(lse_sum_n) is merge_lse_n, bit for bit
+      REQUIRE(bits(dcpattn::lse_of(s)) == bits(dcpattn::merge_lse_n(at, n)));
+      const long double want_lse = ref_lse_n(x);
+      INFO("n = " << n << ", mode " << mode);
+      if (std::isinf(want_lse)) {
+        REQUIRE(s.max == -kInf);
+        for (float v : x) REQUIRE(bits(dcpattn::fast_weight(v, s)) == bits(0.0f));
+        continue;
+      }
+      ++live_cases;
+      long double wsum = 0.0L;
+      for (float v : x) {
+        const float w = dcpattn::fast_weight(v, s);
+        if (std::isinf(v)) {
+          REQUIRE(bits(w) == bits(0.0f));
+          continue;
+        }
+        // exp(v - L) in long double; fast_weight rounds exp(v - max) (|v - max| + 2 roundings),
+        // the sum (n roundings of terms <= 1 and 1 term equal to 1), its inverse and the product;
+        // weights
+        // under fp32's normal range lose relative precision (absolute error <= 2^-148).
+        const long double want = std::exp((long double)v - want_lse);
+        const long double err = std::fabs((long double)w - want);
+        REQUIRE(err <=
+                want * kEps * (std::fabs((long double)v - s.max) + 2.0L * n + 6.0L) + 0x1p-148L);
+        wsum += w;
+      }
+      REQUIRE(std::fabs(wsum - 1.0L) <= kEps * (3.0L * n + 6.0L));
+    }
+  }
+  CHECK(live_cases > 20000);
+  // a lone live input has weight exactly 1, empty ones exactly 0
+  const std::vector<float> one = {-kInf, 2.5f, -kInf};
+  const dcpattn::LseSum s1 = dcpattn::fast_sum_n([&](int i) { return one[std::size_t(i)]; }, 3);
+  CHECK(dcpattn::fast_weight(2.5f, s1) == 1.0f);
+  CHECK(bits(dcpattn::fast_weight(-kInf, s1)) == bits(0.0f));
+  CHECK(dcpattn::lse_of(s1) == 2.5f);
+}
+
 TEST_CASE("tree_merge: agrees with a long double reference of the full merge", "[lse][tree]") {
   LseSource src(5);
   constexpr int dv = 8;

@@ -66,6 +66,38 @@ DCPATTN_HOST_DEVICE float mul_rn(float a, float b) noexcept {
   return a * b;
 #endif
 }
+DCPATTN_HOST_DEVICE float div_rn(float a, float b) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// The fast merge's arithmetic (fast mode is close, not bitwise: DESIGN.md). On the device
+// exp(x) is one ex2.approx of x log2(e) and 1 / s one rcp.approx: relative errors of about 2^-22
+// (plus |x| 2^-24 from the product), far below the bf16 output's 2^-8, and about 15 dependent
+// instructions shorter than expf and an IEEE division, which is what a batch-1 merge waits on.
+// Subnormal results flush to 0 (weights under 1e-38). exp(0) = 1, exp(-inf) = +0 and 1 / 1 = 1
+// stay exact. On the host the libm exp and an IEEE division.
+DCPATTN_HOST_DEVICE float fast_exp(float x) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.44269504088896340736f)));
+  return y;
+#else
+  return cuda::std::exp(x);
+#endif
+}
+DCPATTN_HOST_DEVICE float fast_inverse(float s) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(s));
+  return y;
+#else
+  return 1.0f / s;
+#endif
+}
 }  // namespace detail
 
 /// Result of merging two LSE values: the merged lse and the weight of each input
@@ -88,7 +120,8 @@ DCPATTN_HOST_DEVICE MergeWeights merge_lse(float lse_a, float lse_b) noexcept {
   const float ea = cuda::std::exp(detail::sub_rn(lse_a, m));
   const float eb = cuda::std::exp(detail::sub_rn(lse_b, m));
   const float lse = detail::add_rn(m, cuda::std::log(detail::add_rn(ea, eb)));
-  return {lse, cuda::std::exp(detail::sub_rn(lse_a, lse)), cuda::std::exp(detail::sub_rn(lse_b, lse))};
+  return {lse, cuda::std::exp(detail::sub_rn(lse_a, lse)),
+          cuda::std::exp(detail::sub_rn(lse_b, lse))};
 }
 
 /// w * o where a zero weight means "this input is empty": the result is 0 even for o = inf or NaN.
@@ -111,24 +144,70 @@ DCPATTN_HOST_DEVICE void merge_state_into(float* o_a, float& lse_a, const float*
   lse_a = w.lse;
 }
 
-/// LSE of n sanitized natural-log values, accumulated in index order (deterministic).
-/// n = 0 or all-empty inputs give -inf.
+/// The two numbers an N-way merge is built from: the largest input `max` and
+/// sum = sum_i exp(lse_i - max), accumulated in index order (deterministic). max = -inf: every
+/// input is empty (sum is then 0).
+struct LseSum {
+  float max;
+  float sum;
+};
+
+/// LseSum of n sanitized natural-log values lse_at(0) .. lse_at(n - 1).
 template <class LseAt>
-DCPATTN_HOST_DEVICE float merge_lse_n(LseAt&& lse_at, int n) noexcept {
+DCPATTN_HOST_DEVICE LseSum lse_sum_n(LseAt&& lse_at, int n) noexcept {
   float m = lse_neg_inf;
   for (int i = 0; i < n; ++i) {
     const float x = lse_at(i);
     m = x > m ? x : m;
   }
-  if (m == lse_neg_inf) return lse_neg_inf;
+  if (m == lse_neg_inf) return {lse_neg_inf, 0.0f};
   float sum = 0.0f;
-  for (int i = 0; i < n; ++i) sum = detail::add_rn(sum, cuda::std::exp(detail::sub_rn(lse_at(i), m)));
-  return detail::add_rn(m, cuda::std::log(sum));
+  for (int i = 0; i < n; ++i)
+    sum = detail::add_rn(sum, cuda::std::exp(detail::sub_rn(lse_at(i), m)));
+  return {m, sum};
 }
 
-/// Weight of an input with LSE `lse` in a merge whose total LSE is `total` (0 when either is empty).
+/// The merged LSE of an LseSum: max + log(sum), -inf when every input is empty.
+DCPATTN_HOST_DEVICE float lse_of(LseSum s) noexcept {
+  return s.max == lse_neg_inf ? lse_neg_inf : detail::add_rn(s.max, cuda::std::log(s.sum));
+}
+
+/// LSE of n sanitized natural-log values, accumulated in index order (deterministic).
+/// n = 0 or all-empty inputs give -inf.
+template <class LseAt>
+DCPATTN_HOST_DEVICE float merge_lse_n(LseAt&& lse_at, int n) noexcept {
+  return lse_of(lse_sum_n(lse_at, n));
+}
+
+/// Weight of an input with LSE `lse` in a merge whose total LSE is `total` (0 when either is
+/// empty).
 DCPATTN_HOST_DEVICE float merge_weight(float lse, float total) noexcept {
   return total == lse_neg_inf ? 0.0f : cuda::std::exp(detail::sub_rn(lse, total));
+}
+
+/// The LseSum of fast mode's N-way merge: as lse_sum_n, with fast_exp (see detail::fast_exp).
+template <class LseAt>
+DCPATTN_HOST_DEVICE LseSum fast_sum_n(LseAt&& lse_at, int n) noexcept {
+  float m = lse_neg_inf;
+  for (int i = 0; i < n; ++i) {
+    const float x = lse_at(i);
+    m = x > m ? x : m;
+  }
+  if (m == lse_neg_inf) return {lse_neg_inf, 0.0f};
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i)
+    sum = detail::add_rn(sum, detail::fast_exp(detail::sub_rn(lse_at(i), m)));
+  return {m, sum};
+}
+
+/// Weight of an input with LSE `lse` in fast mode's N-way merge `s` (from fast_sum_n):
+/// fast_exp(lse - max) * fast_inverse(sum), exactly 0 for an empty input or an all-empty merge,
+/// exactly 1 for the only live input. The same value as merge_weight(lse, lse_of(s)) up to
+/// rounding, without the log and the second exp on the way: every weight needs only its own exp,
+/// which the sum has already computed, and one multiplication by the shared inverse.
+DCPATTN_HOST_DEVICE float fast_weight(float lse, LseSum s) noexcept {
+  if (s.max == lse_neg_inf || lse == lse_neg_inf) return 0.0f;
+  return detail::mul_rn(detail::fast_exp(detail::sub_rn(lse, s.max)), detail::fast_inverse(s.sum));
 }
 
 /// The fixed binary merge tree of deterministic mode. `count` (a power of two) states indexed

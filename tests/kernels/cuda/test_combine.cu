@@ -112,14 +112,14 @@ __global__ void reference_merge_kernel(float* o, float* lse, int n, std::int64_t
     for (int i = 0; i < dv; ++i) out[row * dv + i] = from_float<OutT>(o[row * dv + i]);
     out_lse[row] = lse[row];
   } else {
-    const float merged = merge_lse_n(DeviceLseAt{lse, rows, row}, n);
+    const LseSum sum = fast_sum_n(DeviceLseAt{lse, rows, row}, n);
     for (int i = 0; i < dv; ++i) {
       float acc = 0.0f;
       for (int r = 0; r < n; ++r)
-        acc += weighted(merge_weight(lse[r * rows + row], merged), o[(r * rows + row) * dv + i]);
+        acc += weighted(fast_weight(lse[r * rows + row], sum), o[(r * rows + row) * dv + i]);
       out[row * dv + i] = from_float<OutT>(acc);
     }
-    out_lse[row] = merged;
+    out_lse[row] = lse_of(sum);
   }
 }
 
@@ -480,7 +480,37 @@ TEST_CASE("combine_merge_a2a fast: rank-order sum bitwise on the device, host wi
       check_merge<bfloat16>(n, t, hl, DcpMode::fast, PartialDtype::bf16, false, seed++);
       check_merge<float>(n, t, hl, DcpMode::fast, PartialDtype::fp32, false, seed++);
     }
-  check_merge<float>(40, 7, 1, DcpMode::fast, PartialDtype::fp32, false, seed++);  // > 32 states
+  check_merge<float>(12, 7, 16, DcpMode::fast, PartialDtype::bf16, false, seed++);  // > 8 states
+  check_merge<float>(40, 7, 1, DcpMode::fast, PartialDtype::fp32, false, seed++);   // > 32 states
+}
+
+TEST_CASE("combine_merge_a2a: the row kernel and the warp kernels on either side of their boundary",
+          "[cuda][combine]") {
+  // detail::row_kernel_serves picks merge_row_kernel (one CTA per row) or the warp-per-row
+  // kernels; every merge must give the reference's bits whichever kernel runs it.
+  using cuda_kernels::detail::row_kernel_serves;
+  std::uint32_t seed = 350;
+  // deterministic, 4 states: the row kernel up to 64 rows, the warp kernel beyond
+  REQUIRE(row_kernel_serves(true, 4, 4, 16));
+  REQUIRE_FALSE(row_kernel_serves(true, 4, 5, 16));
+  for (std::int64_t t : {4, 5}) {
+    check_merge<bfloat16>(4, t, 16, DcpMode::deterministic, PartialDtype::fp32, t == 4, seed++);
+    check_merge<float>(4, t, 16, DcpMode::deterministic, PartialDtype::bf16, t == 5, seed++);
+  }
+  // deterministic, 1 and 2 states: the row kernel at every size; 8 states: the warp kernel
+  REQUIRE(row_kernel_serves(true, 2, 300, 16));
+  REQUIRE_FALSE(row_kernel_serves(true, 8, 1, 1));
+  check_merge<bfloat16>(2, 300, 16, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
+  check_merge<float>(1, 300, 16, DcpMode::deterministic, PartialDtype::fp32, false, seed++);
+  // fast: the row kernel up to 8 states (plain loads for 2, volatile loads for 4 and 8), the warp
+  // kernel (batches of 8) beyond
+  REQUIRE(row_kernel_serves(false, 8, 300, 16));
+  REQUIRE_FALSE(row_kernel_serves(false, 9, 1, 1));
+  for (int n : {2, 8, 9, 16}) {
+    check_merge<bfloat16>(n, 7, 16, DcpMode::fast, PartialDtype::fp32, n == 9, seed++);
+    check_merge<float>(n, 7, 16, DcpMode::fast, PartialDtype::bf16, n == 16, seed++);
+  }
+  check_merge<bfloat16>(3, 300, 16, DcpMode::fast, PartialDtype::bf16, true, seed++);
 }
 
 TEST_CASE("combine_merge_a2a: NaN o under -inf lse never reaches the output", "[cuda][combine]") {
@@ -501,16 +531,18 @@ TEST_CASE("combine_merge_a2a: launches past the speculative-load size give the s
   // here past that size.
   constexpr std::int64_t kWarps = cuda_kernels::detail::kSpeculativeMaxWarps;
   std::uint32_t seed = 400;
-  for (int n : {1, 2, 4}) {
-    const std::int64_t t = 520, hl = 16;
-    REQUIRE(t * hl > kWarps);
-    check_merge<bfloat16>(n, t, hl, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
-    check_merge<float>(n, t, hl, DcpMode::fast, PartialDtype::fp32, true, seed++);
-    check_merge<bfloat16>(n, t, hl, DcpMode::fast, PartialDtype::bf16, true, seed++);
-  }
+  // Warp kernels only: the deterministic tree of 4 and 8 states, the fast merge of more than 8
+  // (merge_row_kernel, which runs the other merges, loads every state whatever its lse).
+  using cuda_kernels::detail::row_kernel_serves;
+  const std::int64_t t = 520, hl = 16;
+  REQUIRE(t * hl > kWarps);
+  REQUIRE_FALSE(row_kernel_serves(true, 4, t, hl));
+  REQUIRE_FALSE(row_kernel_serves(false, 12, t, hl));
+  check_merge<bfloat16>(4, t, hl, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
+  check_merge<float>(12, t, hl, DcpMode::fast, PartialDtype::fp32, true, seed++);
+  check_merge<bfloat16>(12, t, hl, DcpMode::fast, PartialDtype::bf16, true, seed++);
   REQUIRE(2 * 520 * 8 > kWarps);
   check_merge<bfloat16>(8, 520, 8, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
-  check_merge<bfloat16>(8, 520, 8, DcpMode::fast, PartialDtype::fp32, true, seed++);
 }
 
 TEST_CASE("combine_rescale_agrs: weights within ulps of the host, exact where trivial",

@@ -1031,8 +1031,8 @@ TEST_CASE("CUDA prologue refuses bad extents before enqueuing anything, and acce
   CHECK(non_sentinel(pb.q_out.download()) == 0);
 }
 
-TEST_CASE("CUDA prologue on large batches: several rows per warp, and the rows of a small batch "
-          "give the same bytes as inside a large one",
+TEST_CASE("CUDA prologue on large batches (one warp per row), and the rows of a small batch "
+          "(three warps per row) give the same bytes as inside a large one",
           "[kernels][prologue][cuda]") {
   for (CacheFormat f : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
     SECTION(std::string("T = 5000, ") + format_name(f)) {

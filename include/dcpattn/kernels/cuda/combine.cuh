@@ -25,33 +25,51 @@
 // of a row are computed once per warp with shuffles. Blocks are 1 warp for small launches (T = 1,
 // H_local = 16 still spreads over several SMs) and 4 warps from 2048 warps on.
 //
+// Small merges, and fast merges of any size. A decode step's merge is small (T * H_local rows: 8
+// at T = 1, H = 16, N = 2) and then latency-bound: few warps, one per SM, nothing to hide a warp's
+// dependent chain of instructions between its loads and its stores, so the kernel takes about as
+// long as that chain (measured on the H200: the warp-per-row kernels spent 0.8 us more than a copy
+// of the same bytes at T = 1, whatever their launch shape). merge_row_kernel therefore gives each
+// row a CTA and each thread V columns of every state; every thread evaluates the weights itself
+// from its own loads of the n lse values (no shuffle, no barrier), so the chain is the weight
+// arithmetic plus V columns. Which kernel serves a merge (row_kernel_serves, measured on the
+// bench_combine shapes): the fast merge of up to kRowKernelMaxStates states at every size (its
+// weights need one approximate exp each and one shared approximate reciprocal; with a vector per
+// state and thread it also keeps more loads in flight than the warp kernel and was faster from
+// T = 1 to T = 1024); the tree of 2 states at every size; the tree of 4 states up to
+// kRowKernelMaxTree4Rows rows. Deeper trees keep the warp kernel, whose lanes share the 2^k - 1
+// weight merges (an exp, a log and two exps per level, which deterministic mode pays for its
+// bits) that every thread of the row kernel would repeat. Both kernels give the same bits.
+//
 // Loads of an empty state's o. A state whose lse is -inf has weight 0: its o never reaches the
 // result (weighted() gives 0 for any o, NaN included). Launches of more than
 // kSpeculativeMaxWarps warps (bandwidth-bound) load an o only after its lse has arrived and only
 // for a state whose lse is not -inf, so an empty state's bytes are not moved; the other resident
 // warps hide that round trip. Smaller launches (latency-bound, about one wave) load every state's
 // o together with the lse values and then drop the empty ones: one dependent memory round trip
-// less per call. Both give the same bits.
+// less per call. Both give the same bits. merge_row_kernel always loads speculatively.
 //
 // Every launcher is stream-ordered: no allocation, no host synchronization (CUDA-graph safe), and
 // no CUDA call but the launch itself (grids follow from the problem size; no device query).
 // Argument checks throw dcpattn::Error before anything is enqueued.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
 
-#include <cuda/std/bit>
 #include <cuda_runtime.h>
+#include <cuda/std/bit>
 
 #include "dcpattn/config.hpp"
 #include "dcpattn/core/lse.hpp"
 #include "dcpattn/core/numeric.hpp"
 #include "dcpattn/core/tensor.hpp"
 #include "dcpattn/error.hpp"
+#include "dcpattn/kernels/cuda/convert.cuh"
 #include "dcpattn/kernels/host/combine.hpp"
 #include "dcpattn/op/config.hpp"
 
@@ -66,7 +84,7 @@ inline constexpr int kWarpSize = 32;
 inline constexpr int kLaneColumns = 4;
 /// Largest group size of the deterministic (register tree) merge.
 inline constexpr int kMaxTreeStates = 32;
-/// States per batch of the fast merge's largest variant (the one that serves any group size).
+/// States per batch of the fast merge's warp kernel (merge_sum_kernel).
 inline constexpr int kMaxSumBatch = 8;
 /// Threads per block of the flat (one element or vector per thread) kernels.
 inline constexpr int kFlatBlock = 128;
@@ -75,6 +93,10 @@ inline constexpr int kRowBlock = 128;
 /// Launches of at most this many warps load the o of every state speculatively, together with
 /// the lse values (see "Loads of an empty state's o" above); 0 turns speculative loads off.
 inline constexpr std::int64_t kSpeculativeMaxWarps = 8192;
+/// Most states merge_row_kernel takes (its registers hold every state's columns).
+inline constexpr int kRowKernelMaxStates = 8;
+/// Most rows of a merge of the 4-state tree that merge_row_kernel serves.
+inline constexpr std::int64_t kRowKernelMaxTree4Rows = 64;
 
 /// A rank-3 strided view reduced to what a kernel needs. `vec`: stride(2) == 1 and the other
 /// strides and the base pointer allow 4-element vector access.
@@ -153,7 +175,8 @@ struct WarpGrid {
 };
 inline WarpGrid warp_grid(std::int64_t warps) {
   const std::int64_t per_block = warps >= 2048 ? kRowBlock / kWarpSize : 1;
-  return {dim3(unsigned((warps + per_block - 1) / per_block)), dim3(unsigned(per_block * kWarpSize))};
+  return {dim3(unsigned((warps + per_block - 1) / per_block)),
+          dim3(unsigned(per_block * kWarpSize))};
 }
 inline dim3 flat_grid(std::int64_t items) {
   return dim3(unsigned((items + kFlatBlock - 1) / kFlatBlock));
@@ -177,10 +200,14 @@ DCPATTN_DEVICE Vec4 load4_contiguous(const float* p) {
   return Vec4{{x.x, x.y, x.z, x.w}};
 }
 
-/// Two values rounded to bfloat16 (round to nearest even, as bfloat16::from_float), packed.
+/// Two values rounded to bfloat16 (round to nearest even, as bfloat16::from_float), packed: one
+/// hardware conversion (cvt_bf16x2, equal to from_float on non-NaN values); a NaN takes
+/// from_float, whose NaN encoding differs from the hardware's.
 DCPATTN_DEVICE std::uint32_t pack_bf16x2(float lo, float hi) {
-  return std::uint32_t(bfloat16::from_float(lo).bits) |
-         (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
+  if (lo != lo || hi != hi)
+    return std::uint32_t(bfloat16::from_float(lo).bits) |
+           (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
+  return cvt_bf16x2(lo, hi);
 }
 /// The bfloat16 in the low / high half of a word, as fp32 (bfloat16::to_float).
 DCPATTN_DEVICE float bf16_lo(std::uint32_t u) {
@@ -225,6 +252,31 @@ DCPATTN_DEVICE void store4(const Strided3<T>& x, std::int64_t i0, std::int64_t i
   store_cols<T, 4>(x, i0, i1, c, a.v);
 }
 
+/// Loads that the compilers issue where they stand. ptxas moves a load into the branch of its
+/// only use where it can: in the fast row kernel, the o of a state is used only where its weight
+/// is nonzero, so the o load left for after the lse loads and the weights, one memory round trip
+/// later. A PTX volatile load is neither made conditional nor moved across another one. It is a
+/// relaxed load at system scope (no L1 allocation), which measured slower where the plain loads
+/// were not held back (2 states), and faster everywhere else (4 and 8 states; H200, every
+/// bench_combine shape): merge_row_kernel takes these for its fast merge of 4 and 8 states.
+DCPATTN_DEVICE uint4 load16_now(const void* p) {
+  uint4 r;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+DCPATTN_DEVICE uint2 load8_now(const void* p) {
+  uint2 r;
+  asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+DCPATTN_DEVICE float load_float_now(const float* p) {
+  float r;
+  asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(r) : "l"(p));
+  return r;
+}
+
 /// V consecutive elements of T as loaded: one 16-byte vector (4 fp32, 8 bf16) or one 8-byte
 /// vector (4 bf16). zero() is the o of an unloaded state (+0 in every column).
 template <class T, int V>
@@ -234,6 +286,11 @@ struct RawVec<float, 4> {
   float4 x;
   DCPATTN_DEVICE void zero() { x = make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
   DCPATTN_DEVICE void load(const float* p) { x = *reinterpret_cast<const float4*>(p); }
+  DCPATTN_DEVICE void load_now(const float* p) {
+    const uint4 u = load16_now(p);
+    x = make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                    __uint_as_float(u.w));
+  }
   DCPATTN_DEVICE void unpack(float (&f)[4]) const {
     f[0] = x.x;
     f[1] = x.y;
@@ -246,6 +303,7 @@ struct RawVec<bfloat16, 8> {
   uint4 x;
   DCPATTN_DEVICE void zero() { x = make_uint4(0u, 0u, 0u, 0u); }
   DCPATTN_DEVICE void load(const bfloat16* p) { x = *reinterpret_cast<const uint4*>(p); }
+  DCPATTN_DEVICE void load_now(const bfloat16* p) { x = load16_now(p); }
   DCPATTN_DEVICE void unpack(float (&f)[8]) const {
     f[0] = bf16_lo(x.x);
     f[1] = bf16_hi(x.x);
@@ -262,6 +320,7 @@ struct RawVec<bfloat16, 4> {
   uint2 x;
   DCPATTN_DEVICE void zero() { x = make_uint2(0u, 0u); }
   DCPATTN_DEVICE void load(const bfloat16* p) { x = *reinterpret_cast<const uint2*>(p); }
+  DCPATTN_DEVICE void load_now(const bfloat16* p) { x = load8_now(p); }
   DCPATTN_DEVICE void unpack(float (&f)[4]) const {
     f[0] = bf16_lo(x.x);
     f[1] = bf16_hi(x.x);
@@ -282,7 +341,9 @@ DCPATTN_DEVICE void load_cols(RawVec<float, 4>& r, const Strided3<const float>& 
 }
 
 /// weighted(w, o) of dcpattn/core/lse.hpp with an explicitly rounded product.
-DCPATTN_DEVICE float weighted_rn(float w, float o) { return w != 0.0f ? __fmul_rn(w, o) : 0.0f; }
+DCPATTN_DEVICE float weighted_rn(float w, float o) {
+  return w != 0.0f ? __fmul_rn(w, o) : 0.0f;
+}
 
 /// One element of merge_state_into (dcpattn/core/lse.hpp), same operations, no contraction.
 DCPATTN_DEVICE float merge_element(float oa, float ob, float wa, float wb) {
@@ -291,14 +352,14 @@ DCPATTN_DEVICE float merge_element(float oa, float ob, float wa, float wb) {
   return wb == 0.0f ? ta : (wa == 0.0f ? tb : __fadd_rn(ta, tb));
 }
 
-/// merge_lse_n (dcpattn/core/lse.hpp) of n values evaluated by a whole warp, the same value on
-/// every lane, with the same operations: the maximum (order-free for sanitized inputs), the
-/// exponentials in parallel, summed sequentially in index order, then m + log(sum). my_lse: value
-/// `lane` (-inf for lane >= n), already loaded; values from 32 on are read with lse_at. The first
-/// kUnroll terms of each group of 32 are summed unrolled (their shuffles independent of the sum);
-/// a term beyond n is +0 and leaves the sum (>= +0) bit-identical. Needs all 32 lanes.
-template <int kUnroll, class LseAt>
-DCPATTN_DEVICE float warp_lse_total(const LseAt& lse_at, float my_lse, int n, int lane) {
+/// lse_sum_n (fast_sum_n when kFast; dcpattn/core/lse.hpp) of n values evaluated by a whole
+/// warp, the same value on every lane, with the same operations: the maximum (order-free for
+/// sanitized inputs), the exponentials in parallel, summed sequentially in index order. my_lse:
+/// value `lane` (-inf for lane >= n), already loaded; values from 32 on are read with lse_at. The
+/// first kUnroll terms of each group of 32 are summed unrolled (their shuffles independent of the
+/// sum); a term beyond n is +0 and leaves the sum (>= +0) bit-identical. Needs all 32 lanes.
+template <int kUnroll, bool kFast, class LseAt>
+DCPATTN_DEVICE LseSum warp_lse_sum(const LseAt& lse_at, float my_lse, int n, int lane) {
   float m = my_lse;
   for (int r = lane + kWarpSize; r < n; r += kWarpSize) {
     const float x = lse_at(r);
@@ -309,12 +370,13 @@ DCPATTN_DEVICE float warp_lse_total(const LseAt& lse_at, float my_lse, int n, in
     const float y = __shfl_xor_sync(kFullMask, m, off);
     m = y > m ? y : m;
   }
-  if (m == lse_neg_inf) return lse_neg_inf;
+  if (m == lse_neg_inf) return {lse_neg_inf, 0.0f};
   float sum = 0.0f;
   for (int g0 = 0; g0 < n; g0 += kWarpSize) {
     const int r = g0 + lane;
     const float x = g0 == 0 ? my_lse : (r < n ? lse_at(r) : lse_neg_inf);
-    const float e = r < n ? cuda::std::exp(::dcpattn::detail::sub_rn(x, m)) : 0.0f;
+    const float d = ::dcpattn::detail::sub_rn(x, m);
+    const float e = r < n ? (kFast ? ::dcpattn::detail::fast_exp(d) : cuda::std::exp(d)) : 0.0f;
     const int count = n - g0 < kWarpSize ? n - g0 : kWarpSize;
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j)
@@ -322,7 +384,7 @@ DCPATTN_DEVICE float warp_lse_total(const LseAt& lse_at, float my_lse, int n, in
     for (int j = kUnroll; j < count; ++j)
       sum = ::dcpattn::detail::add_rn(sum, __shfl_sync(kFullMask, e, j));
   }
-  return ::dcpattn::detail::add_rn(m, cuda::std::log(sum));
+  return {m, sum};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -538,8 +600,8 @@ __global__ void __launch_bounds__(kRowBlock)
   for (int j = 0; j < S; ++j)
 #pragma unroll
     for (int c = 0; c < C; ++c) raw[j][c].unpack(s[j][c]);
-  // Constant trip counts everywhere, so the loops unroll fully and s[], wa[], wb[] stay in
-  // registers.
+      // Constant trip counts everywhere, so the loops unroll fully and s[], wa[], wb[] stay in
+      // registers.
 #pragma unroll
   for (int li = kLevels - 1; li >= 0; --li) {
     const int half = 1 << li;
@@ -596,14 +658,15 @@ DCPATTN_DEVICE void accumulate_states(float (&acc)[C][V], const RawVec<PartT, V>
   }
 }
 
-/// Fast-mode combine_merge_a2a: one N-way log-sum-exp per row, then the weighted sum over the
-/// states in rank order (as the host), in batches of B states whose loads are all issued before
-/// the first is used (n <= B: every load of the row segment at once, with the lse loads when
-/// speculative). B < kMaxSumBatch serves n <= B; B = kMaxSumBatch any n.
-template <class OutT, class PartT, int V, int B, int C, bool kSpeculative>
+/// Fast-mode combine_merge_a2a for the merges merge_row_kernel does not take (more than
+/// kRowKernelMaxStates states, or T beyond its grid): one N-way log-sum-exp per row (fast_sum_n,
+/// fast_weight), then the weighted sum over the states in rank order (as the host), in batches of
+/// B = kMaxSumBatch states whose loads are all issued before the first is used.
+template <class OutT, class PartT, int V, int C, bool kSpeculative>
 __global__ void __launch_bounds__(kRowBlock)
     merge_sum_kernel(MergeArgs a, Strided3<OutT> out, Strided2<float> out_lse) {
-  static_assert(B >= 1 && B <= kMaxSumBatch && kWarpSize % B == 0);
+  constexpr int B = kMaxSumBatch;
+  static_assert(B >= 1 && kWarpSize % B == 0);
   const std::int64_t w = global_warp();
   if (w >= a.warps) return;  // whole warps only
   const WarpRow wr = warp_row(w, a.segments);
@@ -616,23 +679,21 @@ __global__ void __launch_bounds__(kRowBlock)
   RawVec<PartT, V> raw[B][C];
   const int first = n < B ? n : B;
   load_states<kSpeculative>(raw, a, row, col0, 0, first, my_lse, 0);
-  const float merged = warp_lse_total<B>(lse_at, my_lse, n, lane);
+  const LseSum total = warp_lse_sum<B, true>(lse_at, my_lse, n, lane);
 
   float acc[C][V];
 #pragma unroll
   for (int c = 0; c < C; ++c)
 #pragma unroll
     for (int k = 0; k < V; ++k) acc[c][k] = 0.0f;
-  accumulate_states(acc, raw, merge_weight(my_lse, merged), 0, first);
-  if constexpr (B == kMaxSumBatch) {
-    // States B .. n - 1, B at a time (more than kMaxSumBatch states: rare).
-    for (int s0 = B; s0 < n; s0 += B) {
-      const int g0 = s0 / kWarpSize * kWarpSize;  // lane j of this group holds state g0 + j
-      const float lse_g = g0 + lane < n ? lse_at(g0 + lane) : lse_neg_inf;
-      const int in_batch = n - s0 < B ? n - s0 : B;
-      load_states<kSpeculative>(raw, a, row, col0, s0, in_batch, lse_g, s0 - g0);
-      accumulate_states(acc, raw, merge_weight(lse_g, merged), s0 - g0, in_batch);
-    }
+  accumulate_states(acc, raw, fast_weight(my_lse, total), 0, first);
+  // States B .. n - 1, B at a time.
+  for (int s0 = B; s0 < n; s0 += B) {
+    const int g0 = s0 / kWarpSize * kWarpSize;  // lane j of this group holds state g0 + j
+    const float lse_g = g0 + lane < n ? lse_at(g0 + lane) : lse_neg_inf;
+    const int in_batch = n - s0 < B ? n - s0 : B;
+    load_states<kSpeculative>(raw, a, row, col0, s0, in_batch, lse_g, s0 - g0);
+    accumulate_states(acc, raw, fast_weight(lse_g, total), s0 - g0, in_batch);
   }
   const std::int64_t t = row / a.heads_local;
   const int hh = int(row % a.heads_local);
@@ -641,7 +702,103 @@ __global__ void __launch_bounds__(kRowBlock)
     const std::int64_t col = col0 + c * kWarpSize * V;
     if (col < a.dv) store_cols<OutT, V>(out, t, hh, col, acc[c]);
   }
-  if (out_lse.ptr != nullptr && wr.seg == 0 && lane == 0) out_lse(t, hh) = merged;
+  if (out_lse.ptr != nullptr && wr.seg == 0 && lane == 0) out_lse(t, hh) = lse_of(total);
+}
+
+/// The merges that row_kernel_serves (see "Small merges" at the top of this file): one CTA per row
+/// (t, h_local), or per column segment of it (blockIdx.z), each thread V columns of every state.
+/// Every thread loads the n lse values itself (broadcast loads, in flight together with its o
+/// loads) and evaluates the weights in registers, with the operations of the warp kernels in the
+/// same order, so the bits are theirs: kTree, the fixed tree of merge_state_into over the rank
+/// index (S = n, or S = 2 for n = 1); otherwise the fast merge (fast_sum_n, fast_weight, the
+/// weighted sum in rank order) of n <= S states.
+template <class OutT, class PartT, int V, int S, bool kTree, bool kExact>
+__global__ void __launch_bounds__(kRowBlock)
+    merge_row_kernel(MergeArgs a, Strided3<OutT> out, Strided2<float> out_lse) {
+  static_assert(S >= 1 && S <= kRowKernelMaxStates && (!kTree || (S >= 2 && (S & (S - 1)) == 0)));
+  // kExact: n == S, known here, so that no load waits for n to arrive from the parameters. The
+  // loads are unconditional either way (a state beyond n reads state 0 again and is dropped, a
+  // column beyond Dv reads column 0 and is not stored): their addresses wait for nothing but the
+  // parameters themselves.
+  const int n = kExact ? S : a.n;
+  // grid (H_local, T, segments): the row's indices without a division
+  const int hh = int(blockIdx.x), t = int(blockIdx.y);
+  const int row = t * a.heads_local + hh;
+  const int col = (int(blockIdx.z) * int(blockDim.x) + int(threadIdx.x)) * V;
+  const bool in_row = col < a.dv;
+  const int load_col = in_row ? col : 0;
+  float l[S];
+  RawVec<PartT, V> raw[S];
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    const int state = kExact || j < n ? j : 0;
+    const std::byte* chunk = a.recv + std::size_t(state) * a.chunk_bytes;
+    const float* lse_p = reinterpret_cast<const float*>(chunk + a.lse_offset) + row;
+    const PartT* o_p = reinterpret_cast<const PartT*>(chunk) + std::size_t(row) * a.dv + load_col;
+    if constexpr (!kTree && S >= 4) {  // see load16_now
+      l[j] = load_float_now(lse_p);
+      raw[j].load_now(o_p);
+    } else {
+      l[j] = *lse_p;
+      raw[j].load(o_p);
+    }
+    if (!kExact && j >= n) l[j] = lse_neg_inf;  // weight 0: its o never reaches the result
+  }
+  float s[S][V];
+#pragma unroll
+  for (int j = 0; j < S; ++j) raw[j].unpack(s[j]);
+
+  float res[V];
+  float merged = lse_neg_inf;
+  if constexpr (kTree) {
+#pragma unroll
+    for (int half = S / 2; half >= 1; half /= 2) {
+      if (half < n) {
+#pragma unroll
+        for (int v = 0; v < half; ++v) {
+          const MergeWeights mw = merge_lse(l[v], l[v + half]);
+#pragma unroll
+          for (int k = 0; k < V; ++k)
+            s[v][k] = merge_element(s[v][k], s[v + half][k], mw.w_a, mw.w_b);
+          l[v] = mw.lse;
+        }
+      }
+    }
+    merged = l[0];
+    // n = 1: the one state passes through, the neutral o = +0 when it is empty.
+    const bool zero = n == 1 && merged == lse_neg_inf;
+#pragma unroll
+    for (int k = 0; k < V; ++k) res[k] = zero ? 0.0f : s[0][k];
+  } else {
+    float m = lse_neg_inf;
+#pragma unroll
+    for (int j = 0; j < S; ++j) m = l[j] > m ? l[j] : m;  // -inf beyond n
+    // Branch-free: a branch on m would let the compiler move the o loads behind it, one memory
+    // round trip after the lse loads. With every input empty (m = -inf) every e is NaN and every
+    // weight the select's 0, as fast_weight gives.
+    float e[S];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      e[j] = ::dcpattn::detail::fast_exp(::dcpattn::detail::sub_rn(l[j], m));
+      if (j < n) sum = ::dcpattn::detail::add_rn(sum, e[j]);
+    }
+    const float inv = ::dcpattn::detail::fast_inverse(sum);
+#pragma unroll
+    for (int k = 0; k < V; ++k) res[k] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      // fast_weight(l[j], {m, sum}), its exp already at hand
+      const float w = l[j] == lse_neg_inf ? 0.0f : ::dcpattn::detail::mul_rn(e[j], inv);
+      if (j < n) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) res[k] = __fadd_rn(res[k], weighted_rn(w, s[j][k]));
+      }
+    }
+    if (out_lse.ptr != nullptr && col == 0) merged = lse_of(LseSum{m, sum});
+  }
+  if (in_row) store_cols<OutT, V>(out, t, hh, col, res);
+  if (out_lse.ptr != nullptr && col == 0) out_lse(t, hh) = merged;
 }
 
 /// combine_rescale_agrs: one warp per (t, h) row of all H heads, or per 512-column segment of it;
@@ -679,7 +836,7 @@ __global__ void __launch_bounds__(kRowBlock)
         if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
     }
   }
-  const float total = warp_lse_total<8>(lse_at, my_lse, n, wr.lane);
+  const float total = lse_of(warp_lse_sum<8, false>(lse_at, my_lse, n, wr.lane));
   const float wt = merge_weight(mine, total);
   const int d = h / heads_local, hh = h % heads_local;
   if (d == rank && out_lse.ptr != nullptr && wr.seg == 0 && wr.lane == 0) out_lse(t, hh) = total;
@@ -727,21 +884,93 @@ void launch_merge_kernel(const char* name, KSpec spec, KPlain plain, const std::
   else
     combine_launch(name, plain, g.grid, g.block, stream, args, o, strided(out_lse));
 }
+/// Whether merge_row_kernel serves a merge of `states` states over T x H_local rows (see "Small
+/// merges" at the top of this file); T and H_local must fit its grid's y and x.
+inline bool row_kernel_serves(bool tree, int states, std::int64_t t, std::int64_t hl) {
+  if (t > 65535 || hl > 65535 || states > kRowKernelMaxStates) return false;
+  if (!tree) return true;
+  return states <= 2 || (states == 4 && t * hl <= kRowKernelMaxTree4Rows);
+}
+
+/// Launches merge_row_kernel `kernel` (V columns per thread) over out's rows, grid (H_local, T,
+/// column segments).
+template <int V, class OutT, class KRow>
+void launch_merge_rows(const char* name, KRow kernel, const std::byte* recv, int n,
+                       const ::dcpattn::detail::A2aChunkLayout& layout,
+                       const TensorView<OutT, 3>& out, const TensorView<float, 2>& out_lse,
+                       cudaStream_t stream) {
+  const std::int64_t threads_needed = (out.extent(2) + V - 1) / V;
+  const int threads = int(
+      std::min<std::int64_t>((threads_needed + kWarpSize - 1) / kWarpSize * kWarpSize, kRowBlock));
+  const int segments = int((threads_needed + threads - 1) / threads);
+  const std::int64_t rows = out.extent(0) * out.extent(1);
+  const MergeArgs args{recv,     layout.bytes,       layout.lse_offset,
+                       n,        int(out.extent(1)), int(out.extent(2)),
+                       segments, rows * segments};
+  Strided3<OutT> o = strided(out);
+  o.vec = vectorizable(out, sizeof(OutT) == 2 ? V : kLaneColumns);
+  combine_launch(name, kernel,
+                 dim3(unsigned(out.extent(1)), unsigned(out.extent(0)), unsigned(segments)),
+                 dim3(unsigned(threads)), stream, args, o, strided(out_lse));
+}
+
 template <class OutT, class PartT, int V, int S, int C>
 void launch_merge_tree(const std::byte* recv, int n,
                        const ::dcpattn::detail::A2aChunkLayout& layout,
                        const TensorView<OutT, 3>& out, const TensorView<float, 2>& out_lse,
                        cudaStream_t stream) {
+  if constexpr (S <= kRowKernelMaxStates) {
+    if (row_kernel_serves(true, S, out.extent(0), out.extent(1))) {
+      if (n == S)
+        launch_merge_rows<V>("merge_row_kernel", merge_row_kernel<OutT, PartT, V, S, true, true>,
+                             recv, n, layout, out, out_lse, stream);
+      else  // n = 1 on the 2-state tree
+        launch_merge_rows<V>("merge_row_kernel", merge_row_kernel<OutT, PartT, V, S, true, false>,
+                             recv, n, layout, out, out_lse, stream);
+      return;
+    }
+  }
   launch_merge_kernel<V, C>("merge_tree_kernel", merge_tree_kernel<OutT, PartT, V, S, C, true>,
                             merge_tree_kernel<OutT, PartT, V, S, C, false>, recv, n, layout, out,
                             out_lse, stream);
 }
-template <class OutT, class PartT, int V, int B, int C>
-void launch_merge_sum(const std::byte* recv, int n, const ::dcpattn::detail::A2aChunkLayout& layout,
-                      const TensorView<OutT, 3>& out, const TensorView<float, 2>& out_lse,
-                      cudaStream_t stream) {
-  launch_merge_kernel<V, C>("merge_sum_kernel", merge_sum_kernel<OutT, PartT, V, B, C, true>,
-                            merge_sum_kernel<OutT, PartT, V, B, C, false>, recv, n, layout, out,
+/// The fast merge: merge_row_kernel for up to kRowKernelMaxStates states (S: n rounded up to 2,
+/// 4 or 8; kExact where n is one of them), merge_sum_kernel with batches of kMaxSumBatch states (C
+/// vectors per lane) otherwise.
+template <class OutT, class PartT, int V, int C>
+void launch_merge_fast(const std::byte* recv, int n,
+                       const ::dcpattn::detail::A2aChunkLayout& layout,
+                       const TensorView<OutT, 3>& out, const TensorView<float, 2>& out_lse,
+                       cudaStream_t stream) {
+  static_assert(kRowKernelMaxStates == 8);
+  if (row_kernel_serves(false, n, out.extent(0), out.extent(1))) {
+    auto go = [&](auto kernel) {
+      launch_merge_rows<V>("merge_row_kernel", kernel, recv, n, layout, out, out_lse, stream);
+    };
+    switch (n) {
+      case 2:
+        go(merge_row_kernel<OutT, PartT, V, 2, false, true>);
+        break;
+      case 4:
+        go(merge_row_kernel<OutT, PartT, V, 4, false, true>);
+        break;
+      case 8:
+        go(merge_row_kernel<OutT, PartT, V, 8, false, true>);
+        break;
+      case 1:
+        go(merge_row_kernel<OutT, PartT, V, 2, false, false>);
+        break;
+      case 3:
+        go(merge_row_kernel<OutT, PartT, V, 4, false, false>);
+        break;
+      default:
+        go(merge_row_kernel<OutT, PartT, V, 8, false, false>);
+        break;  // 5 to 7
+    }
+    return;
+  }
+  launch_merge_kernel<V, C>("merge_sum_kernel", merge_sum_kernel<OutT, PartT, V, C, true>,
+                            merge_sum_kernel<OutT, PartT, V, C, false>, recv, n, layout, out,
                             out_lse, stream);
 }
 
@@ -884,23 +1113,19 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
   if (t * hl == 0) return;
   detail::require_dv(dv, "combine_merge_a2a");
   detail::require_aligned16(recv, "recv", "combine_merge_a2a");
-  DCPATTN_REQUIRE(group_size >= 1, "combine_merge_a2a: group_size (" +
-                                       std::to_string(group_size) + ") must be >= 1");
+  DCPATTN_REQUIRE(group_size >= 1, "combine_merge_a2a: group_size (" + std::to_string(group_size) +
+                                       ") must be >= 1");
   if (mode == DcpMode::deterministic)
     DCPATTN_REQUIRE(is_power_of_two(group_size) && group_size <= detail::kMaxTreeStates,
                     "combine_merge_a2a: deterministic mode needs a power-of-two group_size of at "
-                    "most " + std::to_string(detail::kMaxTreeStates) + " on CUDA, got " +
+                    "most " +
+                        std::to_string(detail::kMaxTreeStates) + " on CUDA, got " +
                         std::to_string(group_size));
   const int n = group_size;
   if (dtype == PartialDtype::fp32) {
     using P = float;
     if (mode == DcpMode::fast) {
-      if (n <= 2)
-        detail::launch_merge_sum<OutT, P, 4, 2, 4>(recv, n, layout, out, out_lse, stream);
-      else if (n <= 4)
-        detail::launch_merge_sum<OutT, P, 4, 4, 4>(recv, n, layout, out, out_lse, stream);
-      else
-        detail::launch_merge_sum<OutT, P, 4, 8, 2>(recv, n, layout, out, out_lse, stream);
+      detail::launch_merge_fast<OutT, P, 4, 2>(recv, n, layout, out, out_lse, stream);
     } else if (n <= 2) {  // n = 1 runs the 2-state tree, which passes the one state through
       detail::launch_merge_tree<OutT, P, 4, 2, 4>(recv, n, layout, out, out_lse, stream);
     } else if (n == 4) {
@@ -918,14 +1143,10 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
     // of 4 otherwise, and for 16 or 32 tree states (register room).
     const bool v8 = dv % 8 == 0;
     if (mode == DcpMode::fast) {
-      if (!v8)
-        detail::launch_merge_sum<OutT, P, 4, 8, 4>(recv, n, layout, out, out_lse, stream);
-      else if (n <= 2)
-        detail::launch_merge_sum<OutT, P, 8, 2, 2>(recv, n, layout, out, out_lse, stream);
-      else if (n <= 4)
-        detail::launch_merge_sum<OutT, P, 8, 4, 2>(recv, n, layout, out, out_lse, stream);
+      if (v8)
+        detail::launch_merge_fast<OutT, P, 8, 2>(recv, n, layout, out, out_lse, stream);
       else
-        detail::launch_merge_sum<OutT, P, 8, 8, 2>(recv, n, layout, out, out_lse, stream);
+        detail::launch_merge_fast<OutT, P, 4, 4>(recv, n, layout, out, out_lse, stream);
     } else if (!v8) {  // any n <= 32 (a power of two): the 32-state tree with 8-byte vectors
       detail::launch_merge_tree<OutT, P, 4, 32, 1>(recv, n, layout, out, out_lse, stream);
     } else if (n <= 2) {

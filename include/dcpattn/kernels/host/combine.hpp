@@ -90,8 +90,9 @@ void combine_pack_a2a(TensorView<const float, 3> o, TensorView<const float, 2> l
 
 /// Merges the N received chunks (chunk r holds rank r's partial for this rank's heads) into the
 /// output. Deterministic mode merges along the fixed tree over the rank index (N a power of two);
-/// fast mode takes one N-way log-sum-exp. out: (T, H_local, Dv) of OutT; out_lse: (T, H_local)
-/// natural log, skipped when its data handle is null.
+/// fast mode takes one N-way log-sum-exp (weights fast_weight, summed in rank order). out:
+/// (T, H_local, Dv) of OutT; out_lse: (T, H_local) natural log, skipped when its data handle is
+/// null.
 template <class OutT>
 void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, PartialDtype dtype,
                        const detail::A2aChunkLayout& layout, TensorView<OutT, 3> out,
@@ -99,6 +100,7 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
   const std::int64_t t_count = out.extent(0), hl = out.extent(1), dv = out.extent(2);
   std::vector<float> o_states(static_cast<std::size_t>(group_size * dv));
   std::vector<float> lse_states(static_cast<std::size_t>(group_size));
+  std::vector<float> weights(static_cast<std::size_t>(group_size));
   for (std::int64_t t = 0; t < t_count; ++t) {
     for (std::int64_t hh = 0; hh < hl; ++hh) {
       const std::size_t row = std::size_t(t * hl + hh);
@@ -118,11 +120,13 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
         merged_lse = lse_states[0];
         for (std::int64_t i = 0; i < dv; ++i) out(t, hh, i) = from_float<OutT>(o_states[i]);
       } else {
-        merged_lse = merge_lse_n(detail::StridedLse{lse_states.data(), 1}, group_size);
+        // One N-way merge: weights exp(lse_r - max) / sum, the weighted sum in rank order.
+        const LseSum sum = fast_sum_n(detail::StridedLse{lse_states.data(), 1}, group_size);
+        merged_lse = lse_of(sum);
+        for (int r = 0; r < group_size; ++r) weights[r] = fast_weight(lse_states[r], sum);
         for (std::int64_t i = 0; i < dv; ++i) {
           float acc = 0.0f;
-          for (int r = 0; r < group_size; ++r)
-            acc += weighted(merge_weight(lse_states[r], merged_lse), o_states[r * dv + i]);
+          for (int r = 0; r < group_size; ++r) acc += weighted(weights[r], o_states[r * dv + i]);
           out(t, hh, i) = from_float<OutT>(acc);
         }
       }
@@ -143,8 +147,7 @@ inline void combine_rescale_agrs(TensorView<const float, 3> o, const float* lse_
   for (std::int64_t t = 0; t < t_count; ++t) {
     for (std::int64_t h = 0; h < heads; ++h) {
       const std::size_t idx = std::size_t(t * heads + h);
-      const float total =
-          merge_lse_n(detail::StridedLse{lse_all + idx, plane}, group_size);
+      const float total = merge_lse_n(detail::StridedLse{lse_all + idx, plane}, group_size);
       const float w = merge_weight(lse_all[std::size_t(rank) * plane + idx], total);
       const std::int64_t d = h / hl, hh = h % hl;
       float* dst = packed + ((std::size_t(d) * t_count + t) * hl + hh) * dv;
