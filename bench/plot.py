@@ -6,7 +6,8 @@ usage: plot.py [results_dir] [out_dir]   (defaults: bench/results, the results f
 
 Every *.json file holding a list of flat records is read. Files are grouped into families by name
 (prologue.json and prologue_peer.json -> "prologue"; combine.json and combine_peers.json ->
-"combine"). For each family one PNG, <family>.png, shows time per call against the size swept
+"combine"). The combine, MLA, communication and scaling families have figures of their own (see
+plot_combine, plot_mla, plot_comm, plot_step); for every other family one PNG, <family>.png, shows time per call against the size swept
 (T, or the field with most distinct values among context / batch / tokens) on log-log axes and,
 where the records carry a bandwidth (gbs / gbps), achieved GB/s with the measured copy bandwidth
 drawn as the ceiling. One line per combination of the descriptive fields that vary (impl, config,
@@ -147,6 +148,76 @@ def draw(plt, title, records, x_key, t_key, bw_key, keys, ceiling, path):
     save(plt, fig, path, dpi=120, note=f" ({len(lines)} lines)")
 
 
+def plot_combine(plt, records, out_dir):
+    """The merge of the received states, one PNG per head count H: per call time over T, one panel
+    per group size N; ours (deterministic fp32, fast fp32, fast bf16 partials), the Triton peer in
+    fp32 and bf16, and a copy of the same bytes as the fast fp32 merge (copy_same_us: the ceiling
+    at that size). Below: the time of each merge as a share of the Triton peer of its partial
+    dtype (< 100%: faster)."""
+    ours = {"merge_det_fp32": ("det fp32 (ours)", "fp32"), "merge_fast_fp32": ("fast fp32 (ours)", "fp32"),
+            "merge_fast_bf16": ("fast bf16 (ours)", "bf16")}
+    peers = {("triton", "fp32"): "Triton fp32", ("triton", "bf16"): "Triton bf16"}
+
+    def series(rs, h, n):
+        out = collections.defaultdict(dict)
+        for r in rs:
+            if r.get("H") != h or r.get("N") != n or not isinstance(r.get("median_us"), (int, float)):
+                continue
+            t = r["T"]
+            if r.get("kernel") in ours:
+                out[ours[r["kernel"]][0]][t] = r["median_us"]
+                if r["kernel"] == "merge_fast_fp32" and "copy_same_us" in r:
+                    out["copy of the same bytes"][t] = r["copy_same_us"]
+            elif (r.get("impl"), r.get("partial")) in peers:
+                out[peers[(r["impl"], r["partial"])]][t] = r["median_us"]
+        return out
+
+    hs = sorted({r["H"] for r in records if r.get("kernel") in ours})
+    ns = sorted({r["N"] for r in records if r.get("kernel") in ours})
+    styles = {"det fp32 (ours)": ("tab:blue", "-"), "fast fp32 (ours)": ("tab:green", "-"),
+              "fast bf16 (ours)": ("tab:red", "-"), "Triton fp32": ("tab:green", ":"),
+              "Triton bf16": ("tab:red", ":"), "copy of the same bytes": ("black", "--")}
+    for h in hs:
+        fig, axes = plt.subplots(2, len(ns), figsize=(5 * len(ns), 8), squeeze=False,
+                                 gridspec_kw={"height_ratios": [3, 2]})
+        for j, n in enumerate(ns):
+            data = series(records, h, n)
+            ax, ax_r = axes[0][j], axes[1][j]
+            for name, (color, ls) in styles.items():
+                if name not in data:
+                    continue
+                ts = sorted(data[name])
+                ax.plot(ts, [data[name][t] for t in ts], color=color, linestyle=ls, marker="o",
+                        markersize=3, label=name)
+                peer = "Triton " + ours_dtype(name, ours)
+                if name.endswith("(ours)") and peer in data:
+                    tr = [t for t in ts if t in data[peer]]
+                    ax_r.plot(tr, [100.0 * data[name][t] / data[peer][t] for t in tr], color=color,
+                              marker="o", markersize=3, label=f"{name} / {peer}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"merge, H = {h}, N = {n}")
+            ax.set_xlabel("T (tokens)")
+            ax.set_ylabel("us per call (CUDA-graph replays)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax_r.axhline(100.0, color="black", linewidth=0.8)
+            ax_r.set_xscale("log")
+            ax_r.set_xlabel("T (tokens)")
+            ax_r.set_ylabel("% of the Triton peer's time")
+            ax_r.grid(True, which="both", alpha=0.3)
+            if j == 0:
+                ax.legend(fontsize=8)
+                ax_r.legend(fontsize=7)
+        save(plt, fig, os.path.join(out_dir, f"combine_H-{h}.png"))
+
+
+def ours_dtype(name, ours):
+    for label, dtype in ours.values():
+        if label == name:
+            return dtype
+    return ""
+
+
 def plot_mla(plt, records, out_dir):
     """mla_decode (bench_mla_decode + mla_decode_peer): TFLOP/s and GB/s over batch, beside the
     measured matrix rate and copy bandwidth (the peer's "ceilings" record)."""
@@ -276,6 +347,9 @@ def main():
             continue
         if family == "comm":
             plot_comm(plt, records, out_dir)
+            continue
+        if family == "combine":
+            plot_combine(plt, records, out_dir)
             continue
         if family == "step":
             plot_step(plt, records, out_dir)

@@ -417,7 +417,7 @@ TEST_CASE("combine_pack_a2a: neutral rows, foreign empty markers, base 2, bitwis
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int n : {1, 2, 4, 8}) {
-    // T = 2100, N >= 2: more than kSpeculativeMaxWarps rows, o read only for live states
+    // T = 2100, N >= 2: more than kSpeculativeMaxWarps rows (the pack loads speculatively anyway)
     for (std::int64_t t : {1, 7, 300, 2100}) {
       const std::int64_t hl = t == 7 ? 16 : 2, h = hl * n;
       std::vector<float> o(std::size_t(t * h * kDv)), lse(std::size_t(t * h));

@@ -42,12 +42,13 @@
 // bits) that every thread of the row kernel would repeat. Both kernels give the same bits.
 //
 // Loads of an empty state's o. A state whose lse is -inf has weight 0: its o never reaches the
-// result (weighted() gives 0 for any o, NaN included). Launches of more than
-// kSpeculativeMaxWarps warps (bandwidth-bound) load an o only after its lse has arrived and only
-// for a state whose lse is not -inf, so an empty state's bytes are not moved; the other resident
-// warps hide that round trip. Smaller launches (latency-bound, about one wave) load every state's
-// o together with the lse values and then drop the empty ones: one dependent memory round trip
-// less per call. Both give the same bits. merge_row_kernel always loads speculatively.
+// result (weighted() gives 0 for any o, NaN included). The warp merge kernels and the rescale in
+// launches of more than kSpeculativeMaxWarps warps (bandwidth-bound) load an o only after its lse
+// has arrived and only for a state whose lse is not -inf, so an empty state's bytes are not
+// moved; the other resident warps hide that round trip. Smaller launches (latency-bound, about
+// one wave) load every state's o together with the lse values and then drop the empty ones: one
+// dependent memory round trip less per call. Both give the same bits. merge_row_kernel and the
+// pack always load speculatively (the pack measured faster so at every size).
 //
 // Every launcher is stream-ordered: no allocation, no host synchronization (CUDA-graph safe), and
 // no CUDA call but the launch itself (grids follow from the problem size; no device query).
@@ -252,13 +253,12 @@ DCPATTN_DEVICE void store4(const Strided3<T>& x, std::int64_t i0, std::int64_t i
   store_cols<T, 4>(x, i0, i1, c, a.v);
 }
 
-/// Loads that the compilers issue where they stand. ptxas moves a load into the branch of its
-/// only use where it can: in the fast row kernel, the o of a state is used only where its weight
-/// is nonzero, so the o load left for after the lse loads and the weights, one memory round trip
-/// later. A PTX volatile load is neither made conditional nor moved across another one. It is a
-/// relaxed load at system scope (no L1 allocation), which measured slower where the plain loads
-/// were not held back (2 states), and faster everywhere else (4 and 8 states; H200, every
-/// bench_combine shape): merge_row_kernel takes these for its fast merge of 4 and 8 states.
+/// Loads that the compilers issue where they stand. ptxas moves a load behind the code that does
+/// not need it where it can: in the fast row kernel the o of a state is used only where its weight
+/// is nonzero, and its load went into that branch or after the weights' exponentials, one memory
+/// round trip after the lse loads. A PTX volatile load is neither made conditional nor moved
+/// across another one. It is a relaxed load at system scope (no L1 allocation), which costs some
+/// bandwidth: merge_row_kernel takes these for its fast merge of 4 and 8 states only (see there).
 DCPATTN_DEVICE uint4 load16_now(const void* p) {
   uint4 r;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -343,6 +343,18 @@ DCPATTN_DEVICE void load_cols(RawVec<float, 4>& r, const Strided3<const float>& 
 /// weighted(w, o) of dcpattn/core/lse.hpp with an explicitly rounded product.
 DCPATTN_DEVICE float weighted_rn(float w, float o) {
   return w != 0.0f ? __fmul_rn(w, o) : 0.0f;
+}
+
+/// weighted_rn(w, o), the same bits, with the product used whatever w is: it is masked to +0 by
+/// an AND that the compilers cannot see through (inline PTX), where weighted_rn's select let
+/// ptxas move the load of o into a branch on w (in merge_row_kernel's fast merge: the o load of a
+/// state then left one memory round trip after the lse loads that decide its weight).
+DCPATTN_DEVICE float weighted_masked(float w, float o) {
+  const unsigned product = __float_as_uint(__fmul_rn(w, o));
+  const unsigned mask = w != 0.0f ? 0xffffffffu : 0u;
+  unsigned r;
+  asm("and.b32 %0, %1, %2;" : "=r"(r) : "r"(product), "r"(mask));
+  return __uint_as_float(r);
 }
 
 /// One element of merge_state_into (dcpattn/core/lse.hpp), same operations, no contraction.
@@ -462,8 +474,11 @@ DCPATTN_DEVICE WarpRow warp_row(std::int64_t w, int segments) {
 }
 
 /// combine_pack_a2a: one warp per (t, h) row of the local partial (all H heads), or per 512-column
-/// segment of it; lane columns seg * 512 + lane * 4 + 128 c.
-template <class Base, class PartT, bool kSpeculative>
+/// segment of it; lane columns seg * 512 + lane * 4 + 128 c. The o loads go out together with the
+/// lse load at every size (an empty state's o is read and dropped): measured on the H200 from 4096
+/// to 131072 warps, 6 to 10% faster with fp32 partials and up to 6% with bf16 partials than
+/// loading o only once the lse says the state is live.
+template <class Base, class PartT>
 __global__ void __launch_bounds__(kRowBlock)
     pack_a2a_kernel(Strided3<const float> o, Strided2<const float> lse, int num_valid_rows,
                     int heads, int heads_local, int dv, int segments, std::int64_t warps,
@@ -477,21 +492,12 @@ __global__ void __launch_bounds__(kRowBlock)
   const std::int64_t col0 = std::int64_t(wr.seg) * (C * kWarpSize * V) + wr.lane * V;
   RawVec<float, V> v[C];
 #pragma unroll
-  for (int c = 0; c < C; ++c) v[c].zero();
-  if constexpr (kSpeculative) {
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-      if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
+  for (int c = 0; c < C; ++c) {
+    v[c].zero();
+    if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
   }
+  // An empty state travels as o = 0 whatever its o holds (padding garbage, an empty row's NaN).
   const float l = t < num_valid_rows ? sanitize_lse(lse(t, h), Base{}) : lse_neg_inf;
-  if constexpr (!kSpeculative) {
-    // An empty state travels as o = 0; its o (padding garbage, an empty row's NaN) is not read.
-    if (l != lse_neg_inf) {
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-        if (col0 + c * kWarpSize * V < dv) load_cols(v[c], o, t, h, col0 + c * kWarpSize * V);
-    }
-  }
   const int d = h / heads_local, hh = h % heads_local;
   std::byte* chunk = send + std::size_t(d) * chunk_bytes;
   const std::int64_t out_row = t * heads_local + hh;
@@ -721,6 +727,13 @@ __global__ void __launch_bounds__(kRowBlock)
   // column beyond Dv reads column 0 and is not stored): their addresses wait for nothing but the
   // parameters themselves.
   const int n = kExact ? S : a.n;
+  // How the fast merge keeps every load ahead of the weights (ptxas would move an o load behind
+  // them, into the branch of weighted_rn's select, or simply schedule it after the weights'
+  // exponentials): 4 and 8 states, volatile loads (load16_now); 2 states, plain loads and the
+  // branch-free weighted_masked. Measured on the H200 over every bench_combine shape, each the
+  // faster choice for its state count (volatile loads cost bandwidth at 2 states; the masked
+  // product costs instructions at 8 bf16 columns per thread).
+  constexpr bool kIssueNow = !kTree && S >= 4;
   // grid (H_local, T, segments): the row's indices without a division
   const int hh = int(blockIdx.x), t = int(blockIdx.y);
   const int row = t * a.heads_local + hh;
@@ -735,7 +748,7 @@ __global__ void __launch_bounds__(kRowBlock)
     const std::byte* chunk = a.recv + std::size_t(state) * a.chunk_bytes;
     const float* lse_p = reinterpret_cast<const float*>(chunk + a.lse_offset) + row;
     const PartT* o_p = reinterpret_cast<const PartT*>(chunk) + std::size_t(row) * a.dv + load_col;
-    if constexpr (!kTree && S >= 4) {  // see load16_now
+    if constexpr (kIssueNow) {
       l[j] = load_float_now(lse_p);
       raw[j].load_now(o_p);
     } else {
@@ -792,7 +805,9 @@ __global__ void __launch_bounds__(kRowBlock)
       const float w = l[j] == lse_neg_inf ? 0.0f : ::dcpattn::detail::mul_rn(e[j], inv);
       if (j < n) {
 #pragma unroll
-        for (int k = 0; k < V; ++k) res[k] = __fadd_rn(res[k], weighted_rn(w, s[j][k]));
+        for (int k = 0; k < V; ++k)
+          res[k] =
+              __fadd_rn(res[k], kIssueNow ? weighted_rn(w, s[j][k]) : weighted_masked(w, s[j][k]));
       }
     }
     if (out_lse.ptr != nullptr && col == 0) merged = lse_of(LseSum{m, sum});
@@ -1063,8 +1078,7 @@ void convert_rows(const float* src, TensorView<OutT, 3> out, cudaStream_t stream
 
 /// Packs the local partial state for the all-to-all, as host::combine_pack_a2a: o (T, H, Dv) fp32,
 /// lse (T, H) in base Base. Rows t >= num_valid_rows and states whose lse is -inf, +inf or NaN go
-/// out as the neutral element (o = 0, lse = -inf) whatever their o holds (not read at all in
-/// launches of more than kSpeculativeMaxWarps warps; see the top of this file). send:
+/// out as the neutral element (o = 0, lse = -inf) whatever their o holds (read and dropped). send:
 /// group_size chunks of layout.bytes, 16-byte aligned. Bitwise the host's.
 template <class Base>
 void combine_pack_a2a(TensorView<const float, 3> o, TensorView<const float, 2> lse,
@@ -1082,23 +1096,15 @@ void combine_pack_a2a(TensorView<const float, 3> o, TensorView<const float, 2> l
   const int segments = detail::row_segments(dv, 4 * detail::kWarpSize * detail::kLaneColumns);
   const std::int64_t warps = t * h * segments;
   const detail::WarpGrid lg = detail::warp_grid(warps);
-  const bool speculative = warps <= detail::kSpeculativeMaxWarps;
   auto go = [&](auto kernel) {
     detail::combine_launch("pack_a2a_kernel", kernel, lg.grid, lg.block, stream, detail::strided(o),
                            detail::strided(lse), num_valid_rows, int(h), hl, int(dv), segments,
                            warps, send, layout.bytes, layout.lse_offset);
   };
-  if (dtype == PartialDtype::fp32) {
-    if (speculative)
-      go(detail::pack_a2a_kernel<Base, float, true>);
-    else
-      go(detail::pack_a2a_kernel<Base, float, false>);
-  } else {
-    if (speculative)
-      go(detail::pack_a2a_kernel<Base, bfloat16, true>);
-    else
-      go(detail::pack_a2a_kernel<Base, bfloat16, false>);
-  }
+  if (dtype == PartialDtype::fp32)
+    go(detail::pack_a2a_kernel<Base, float>);
+  else
+    go(detail::pack_a2a_kernel<Base, bfloat16>);
 }
 
 /// Merges the N received chunks into out (T, H_local, Dv) of OutT and out_lse (T, H_local)

@@ -120,7 +120,7 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
         merged_lse = lse_states[0];
         for (std::int64_t i = 0; i < dv; ++i) out(t, hh, i) = from_float<OutT>(o_states[i]);
       } else {
-        // One N-way merge: weights exp(lse_r - max) / sum, the weighted sum in rank order.
+        // One N-way merge: weights exp(lse_r - max) * (1 / sum), the weighted sum in rank order.
         const LseSum sum = fast_sum_n(detail::StridedLse{lse_states.data(), 1}, group_size);
         merged_lse = lse_of(sum);
         for (int r = 0; r < group_size; ++r) weights[r] = fast_weight(lse_states[r], sum);
