@@ -367,22 +367,31 @@ TEST_CASE("merge_state_into: the empty state is neutral, bit for bit", "[lse]") 
   CHECK(cases == 18);
 }
 
+/// Case k of n sanitized LSE values for the N-way merge tests; k % 4 selects the kind: 0 all empty
+/// (from -inf, +inf or NaN inputs), 1 mixed (any float, sanitized), 2 small magnitudes, 3 near
+/// +-1e4.
+static std::vector<float> lse_case(LseSource& src, int n, int k) {
+  std::vector<float> x(static_cast<std::size_t>(n));
+  const int mode = k % 4;
+  for (auto& v : x) {
+    if (mode == 0)
+      v = dcpattn::sanitize_lse(k % 8 == 0 ? kNaN : (k % 8 == 4 ? kInf : -kInf));
+    else if (mode == 1)
+      v = dcpattn::sanitize_lse(src.raw());
+    else if (mode == 2)
+      v = src.finite(-30.0f, 30.0f);
+    else
+      v = (k % 8 == 3 ? 1e4f : -1e4f) + src.finite(-40.0f, 40.0f);
+  }
+  return x;
+}
+
 TEST_CASE("merge_lse_n and merge_weight: agree with a long double reference", "[lse]") {
   LseSource src(4);
   for (int n = 0; n <= 16; ++n) {
     for (int k = 0; k < 2000; ++k) {
-      std::vector<float> x(static_cast<std::size_t>(n));
-      const int mode = k % 4;  // 0: all empty, 1: mixed, 2: small magnitudes, 3: near +-1e4
-      for (auto& v : x) {
-        if (mode == 0)
-          v = dcpattn::sanitize_lse(k % 8 == 0 ? kNaN : (k % 8 == 4 ? kInf : -kInf));
-        else if (mode == 1)
-          v = dcpattn::sanitize_lse(src.raw());
-        else if (mode == 2)
-          v = src.finite(-30.0f, 30.0f);
-        else
-          v = (k % 8 == 3 ? 1e4f : -1e4f) + src.finite(-40.0f, 40.0f);
-      }
+      const std::vector<float> x = lse_case(src, n, k);
+      const int mode = k % 4;
       const float got = dcpattn::merge_lse_n([&](int i) { return x[std::size_t(i)]; }, n);
       const long double want = ref_lse_n(x);
       INFO("n = " << n << ", mode " << mode << ", got " << got << ", want " << (double)want);
@@ -417,18 +426,8 @@ TEST_CASE("fast_sum_n and fast_weight: the fast merge's weights agree with a lon
   int live_cases = 0;
   for (int n = 0; n <= 16; ++n) {
     for (int k = 0; k < 2000; ++k) {
-      std::vector<float> x(static_cast<std::size_t>(n));
-      const int mode = k % 4;  // 0: all empty, 1: mixed, 2: small magnitudes, 3: near +-1e4
-      for (auto& v : x) {
-        if (mode == 0)
-          v = -kInf;
-        else if (mode == 1)
-          v = dcpattn::sanitize_lse(src.raw());
-        else if (mode == 2)
-          v = src.finite(-30.0f, 30.0f);
-        else
-          v = (k % 8 == 3 ? 1e4f : -1e4f) + src.finite(-40.0f, 40.0f);
-      }
+      const std::vector<float> x = lse_case(src, n, k);
+      const int mode = k % 4;
       auto at = [&](int i) { return x[std::size_t(i)]; };
       const dcpattn::LseSum s = dcpattn::fast_sum_n(at, n);
       // on the host fast_sum_n is lse_sum_n, and lse_of(lse_sum_n) is merge_lse_n, bit for bit

@@ -152,8 +152,9 @@ struct LseSum {
   float sum;
 };
 
-/// LseSum of n sanitized natural-log values lse_at(0) .. lse_at(n - 1).
-template <class LseAt>
+/// LseSum of n sanitized natural-log values lse_at(0) .. lse_at(n - 1); kFast: the exponentials
+/// are detail::fast_exp (fast mode's merge, fast_sum_n), else cuda::std::exp.
+template <bool kFast = false, class LseAt>
 DCPATTN_HOST_DEVICE LseSum lse_sum_n(LseAt&& lse_at, int n) noexcept {
   float m = lse_neg_inf;
   for (int i = 0; i < n; ++i) {
@@ -162,8 +163,10 @@ DCPATTN_HOST_DEVICE LseSum lse_sum_n(LseAt&& lse_at, int n) noexcept {
   }
   if (m == lse_neg_inf) return {lse_neg_inf, 0.0f};
   float sum = 0.0f;
-  for (int i = 0; i < n; ++i)
-    sum = detail::add_rn(sum, cuda::std::exp(detail::sub_rn(lse_at(i), m)));
+  for (int i = 0; i < n; ++i) {
+    const float d = detail::sub_rn(lse_at(i), m);
+    sum = detail::add_rn(sum, kFast ? detail::fast_exp(d) : cuda::std::exp(d));
+  }
   return {m, sum};
 }
 
@@ -185,19 +188,10 @@ DCPATTN_HOST_DEVICE float merge_weight(float lse, float total) noexcept {
   return total == lse_neg_inf ? 0.0f : cuda::std::exp(detail::sub_rn(lse, total));
 }
 
-/// The LseSum of fast mode's N-way merge: as lse_sum_n, with fast_exp (see detail::fast_exp).
+/// The LseSum of fast mode's N-way merge: lse_sum_n with fast_exp (see detail::fast_exp).
 template <class LseAt>
 DCPATTN_HOST_DEVICE LseSum fast_sum_n(LseAt&& lse_at, int n) noexcept {
-  float m = lse_neg_inf;
-  for (int i = 0; i < n; ++i) {
-    const float x = lse_at(i);
-    m = x > m ? x : m;
-  }
-  if (m == lse_neg_inf) return {lse_neg_inf, 0.0f};
-  float sum = 0.0f;
-  for (int i = 0; i < n; ++i)
-    sum = detail::add_rn(sum, detail::fast_exp(detail::sub_rn(lse_at(i), m)));
-  return {m, sum};
+  return lse_sum_n<true>(lse_at, n);
 }
 
 /// Weight of an input with LSE `lse` in fast mode's N-way merge `s` (from fast_sum_n):
