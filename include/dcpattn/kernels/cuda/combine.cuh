@@ -36,7 +36,7 @@
 // bench_combine shapes): the fast merge of up to kRowKernelMaxStates states at every size (its
 // weights need one approximate exp each and one shared approximate reciprocal; with a vector per
 // state and thread it also keeps more loads in flight than the warp kernel and was faster from
-// T = 1 to T = 1024); the tree of 2 states at every size; the tree of 4 states up to
+// T = 1 to T = 8192); the tree of 2 states at every size; the tree of 4 states up to
 // kRowKernelMaxTree4Rows rows. Deeper trees keep the warp kernel, whose lanes share the 2^k - 1
 // weight merges (an exp, a log and two exps per level, which deterministic mode pays for its
 // bits) that every thread of the row kernel would repeat. Both kernels give the same bits.
