@@ -90,7 +90,6 @@ int main(int argc, char** argv) {
   constexpr std::size_t kFlushBytes = std::size_t(256) << 20;
   void* flush = device_alloc<std::byte>(kFlushBytes);
   constexpr int kMinCallsPerGraph = 20;
-  constexpr int kMaxSets = 64;
 
   bench::JsonRecords json;
   json.begin()
@@ -133,10 +132,7 @@ int main(int argc, char** argv) {
         };
         const double rescale_bytes =
             rows_all * kDv * 4 + double(n) * rows_all * 4 + rows_all * kDv * 4;
-        auto sets_for = [&](double bytes) {
-          return int(
-              std::clamp<double>(std::ceil(3.0 * double(l2) / bytes), 1.0, double(kMaxSets)));
-        };
+        auto sets_for = [&](double bytes) { return bench::rotation_sets(bytes, std::size_t(l2)); };
         const int sets =
             std::max({sets_for(pack_bytes(4)), sets_for(pack_bytes(2)), sets_for(merge_bytes(4)),
                       sets_for(merge_bytes(2)), sets_for(rescale_bytes)});

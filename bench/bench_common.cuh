@@ -219,6 +219,12 @@ inline double measure_copy_bandwidth_gbs(cudaStream_t stream, std::size_t bytes 
   return 2.0 * double(bytes) / (us * 1e3);
 }
 
+/// Input sets a benchmark rotates over for a call that moves `bytes` bytes: enough that 3x the L2
+/// size passes between two uses of one set, at most 64 (the rule the Python peers use too).
+inline int rotation_sets(double bytes, std::size_t l2_bytes) {
+  return int(std::clamp<double>(std::ceil(3.0 * double(l2_bytes) / bytes), 1.0, 64.0));
+}
+
 /// dst[i] = src[i], 16 bytes per thread: the copy a memory-bound kernel is set against.
 static __global__ void copy16_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
                                      std::size_t n) {
@@ -228,12 +234,12 @@ static __global__ void copy16_kernel(const uint4* __restrict__ src, uint4* __res
 
 /// Per-call time in microseconds of a copy that moves `bytes` bytes (bytes / 2 read, bytes / 2
 /// written, one 16-byte vector per thread), timed as the benchmarks time a kernel: CUDA-graph
-/// replays of back-to-back calls, rotating over enough buffer pairs that 3x the L2 size passes
-/// between two uses of one (at most 64). A kernel that moves few bytes cannot reach the copy
-/// bandwidth of 2 GiB buffers (launch, ramp-up and drain weigh); this is the ceiling at its size.
+/// replays of back-to-back calls, rotating over rotation_sets buffer pairs. A kernel that moves few
+/// bytes cannot reach the copy bandwidth of 2 GiB buffers (launch, ramp-up and drain weigh); this
+/// is the ceiling at its size.
 inline double same_size_copy_us(double bytes, std::size_t l2_bytes, cudaStream_t stream) {
   const std::size_t half = std::max<std::size_t>(std::size_t(bytes / 2) / 16 * 16, 16);
-  const int sets = int(std::clamp<double>(std::ceil(3.0 * double(l2_bytes) / (2.0 * half)), 1, 64));
+  const int sets = rotation_sets(2.0 * double(half), l2_bytes);
   void *src = nullptr, *dst = nullptr;
   DCPATTN_CUDA_CHECK(cudaMalloc(&src, sets * half));
   DCPATTN_CUDA_CHECK(cudaMalloc(&dst, sets * half));

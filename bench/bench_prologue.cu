@@ -187,8 +187,7 @@ int main(int argc, char** argv) {
       const double bytes = min_bytes(c, T, owned);
 
       // Enough sets that the rotation's footprint is three times the L2.
-      const int rotated_sets =
-          int(std::clamp<double>(std::ceil(3.0 * l2_bytes / bytes), 1.0, 64.0));
+      const int rotated_sets = rotation_sets(bytes, std::size_t(l2_bytes));
       std::vector<std::unique_ptr<Set>> sets;
       for (int i = 0; i < rotated_sets; ++i) {
         sets.emplace_back(new Set(c, T, num_slots));

@@ -157,6 +157,7 @@ def plot_combine(plt, records, out_dir):
     ours = {"merge_det_fp32": ("det fp32 (ours)", "fp32"), "merge_fast_fp32": ("fast fp32 (ours)", "fp32"),
             "merge_fast_bf16": ("fast bf16 (ours)", "bf16")}
     peers = {("triton", "fp32"): "Triton fp32", ("triton", "bf16"): "Triton bf16"}
+    dtype_of = dict(ours.values())  # label -> partial dtype
 
     def series(rs, h, n):
         out = collections.defaultdict(dict)
@@ -189,7 +190,7 @@ def plot_combine(plt, records, out_dir):
                 ts = sorted(data[name])
                 ax.plot(ts, [data[name][t] for t in ts], color=color, linestyle=ls, marker="o",
                         markersize=3, label=name)
-                peer = "Triton " + ours_dtype(name, ours)
+                peer = f"Triton {dtype_of.get(name, '')}"
                 if name.endswith("(ours)") and peer in data:
                     tr = [t for t in ts if t in data[peer]]
                     ax_r.plot(tr, [100.0 * data[name][t] / data[peer][t] for t in tr], color=color,
@@ -209,13 +210,6 @@ def plot_combine(plt, records, out_dir):
                 ax.legend(fontsize=8)
                 ax_r.legend(fontsize=7)
         save(plt, fig, os.path.join(out_dir, f"combine_H-{h}.png"))
-
-
-def ours_dtype(name, ours):
-    for label, dtype in ours.values():
-        if label == name:
-            return dtype
-    return ""
 
 
 def plot_mla(plt, records, out_dir):
@@ -325,6 +319,11 @@ def plot_comm(plt, records, out_dir):
         save(plt, fig, os.path.join(out_dir, f"comm_N-{n}.png"))
 
 
+# Families drawn by a figure of their own; every other family gets draw()'s generic figure.
+OWN_FIGURES = {"mla_decode": plot_mla, "comm": plot_comm, "combine": plot_combine,
+               "step": plot_step}
+
+
 def main():
     results = sys.argv[1] if len(sys.argv) > 1 else "bench/results"
     out_dir = sys.argv[2] if len(sys.argv) > 2 else results
@@ -342,17 +341,8 @@ def main():
         return 0
     os.makedirs(out_dir, exist_ok=True)
     for family, records in sorted(families.items()):
-        if family == "mla_decode":
-            plot_mla(plt, records, out_dir)
-            continue
-        if family == "comm":
-            plot_comm(plt, records, out_dir)
-            continue
-        if family == "combine":
-            plot_combine(plt, records, out_dir)
-            continue
-        if family == "step":
-            plot_step(plt, records, out_dir)
+        if family in OWN_FIGURES:
+            OWN_FIGURES[family](plt, records, out_dir)
             continue
         ceiling = ceiling_of(records)
         records = [r for r in records if "copy_ceiling" not in (r.get("impl"), r.get("kernel"))]

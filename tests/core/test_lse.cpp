@@ -449,8 +449,9 @@ TEST_CASE("fast_sum_n and fast_weight: the fast merge's weights agree with a lon
         }
         // exp(v - L) in long double; fast_weight rounds exp(v - max) (|v - max| + 2 roundings),
         // the sum (n roundings of terms <= 1 and 1 term equal to 1), its inverse and the product;
-        // weights
-        // under fp32's normal range lose relative precision (absolute error <= 2^-148).
+        // weights under fp32's normal range lose relative precision (absolute error <= 2^-148).
+        // (The host evaluation; the device's approximations are checked against it by the CUDA
+        // combine tests.)
         const long double want = std::exp((long double)v - want_lse);
         const long double err = std::fabs((long double)w - want);
         REQUIRE(err <=

@@ -66,13 +66,6 @@ DCPATTN_HOST_DEVICE float mul_rn(float a, float b) noexcept {
   return a * b;
 #endif
 }
-DCPATTN_HOST_DEVICE float div_rn(float a, float b) noexcept {
-#if DCPATTN_IN_DEVICE_CODE
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
 
 // The fast merge's arithmetic (fast mode is close, not bitwise: DESIGN.md). On the device
 // exp(x) is one ex2.approx of x log2(e) and 1 / s one rcp.approx: relative errors of about 2^-22

@@ -91,8 +91,9 @@ inline constexpr int kMaxSumBatch = 8;
 inline constexpr int kFlatBlock = 128;
 /// Threads per block of the warp-per-row kernels in large launches.
 inline constexpr int kRowBlock = 128;
-/// Launches of at most this many warps load the o of every state speculatively, together with
-/// the lse values (see "Loads of an empty state's o" above); 0 turns speculative loads off.
+/// Launches of the warp merge kernels and the rescale of at most this many warps load the o of
+/// every state speculatively, together with the lse values (see "Loads of an empty state's o"
+/// above); 0 turns speculative loads off there.
 inline constexpr std::int64_t kSpeculativeMaxWarps = 8192;
 /// Most states merge_row_kernel takes (its registers hold every state's columns).
 inline constexpr int kRowKernelMaxStates = 8;
@@ -603,11 +604,12 @@ __global__ void __launch_bounds__(kRowBlock)
 
   float s[S][C][V];
 #pragma unroll
-  for (int j = 0; j < S; ++j)
+  for (int j = 0; j < S; ++j) {
 #pragma unroll
     for (int c = 0; c < C; ++c) raw[j][c].unpack(s[j][c]);
-      // Constant trip counts everywhere, so the loops unroll fully and s[], wa[], wb[] stay in
-      // registers.
+  }
+  // Constant trip counts everywhere, so the loops unroll fully and s[], wa[], wb[] stay in
+  // registers.
 #pragma unroll
   for (int li = kLevels - 1; li >= 0; --li) {
     const int half = 1 << li;
@@ -730,9 +732,9 @@ __global__ void __launch_bounds__(kRowBlock)
   // How the fast merge keeps every load ahead of the weights (ptxas would move an o load behind
   // them, into the branch of weighted_rn's select, or simply schedule it after the weights'
   // exponentials): 4 and 8 states, volatile loads (load16_now); 2 states, plain loads and the
-  // branch-free weighted_masked. Measured on the H200 over every bench_combine shape, each the
-  // faster choice for its state count (volatile loads cost bandwidth at 2 states; the masked
-  // product costs instructions at 8 bf16 columns per thread).
+  // branch-free weighted_masked. Measured on the H200 over every bench_combine shape: volatile
+  // loads faster than plain ones at 4 and 8 states (or within 1.5%) and up to 5% slower at 2
+  // states; the masked product slower than the select at 4 and 8 states with bf16 partials.
   constexpr bool kIssueNow = !kTree && S >= 4;
   // grid (H_local, T, segments): the row's indices without a division
   const int hh = int(blockIdx.x), t = int(blockIdx.y);
@@ -1123,8 +1125,8 @@ void combine_merge_a2a(const std::byte* recv, int group_size, DcpMode mode, Part
                                        ") must be >= 1");
   if (mode == DcpMode::deterministic)
     DCPATTN_REQUIRE(is_power_of_two(group_size) && group_size <= detail::kMaxTreeStates,
-                    "combine_merge_a2a: deterministic mode needs a power-of-two group_size of at "
-                    "most " +
+                    std::string("combine_merge_a2a: deterministic mode needs a power-of-two "
+                                "group_size of at most ") +
                         std::to_string(detail::kMaxTreeStates) + " on CUDA, got " +
                         std::to_string(group_size));
   const int n = group_size;
