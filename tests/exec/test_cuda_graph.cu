@@ -41,6 +41,9 @@ struct DeviceArray {
   void upload(const std::vector<T>& h) {
     REQUIRE(h.size() == n);
     CUDA_OK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    // A pageable cudaMemcpy may return before its copy has landed, on the legacy stream, which
+    // the test's non-blocking stream does not wait for.
+    CUDA_OK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> h(n);

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iomanip>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -173,6 +175,9 @@ Result run_cuda(Comm& comm, const Scenario& s, const DcpConfig& cfg, bool input_
   a.out = make_view(out.ptr, {t, hl, std::int64_t(kMlaVDim)});
   a.out_lse = make_view(out_lse.ptr, {t, hl});
 
+  // The uploads (pageable cudaMemcpy, which may return before its copy has landed) and the
+  // memsets above ran on the legacy stream, which the non-blocking stream does not wait for.
+  CUDA_OK(cudaDeviceSynchronize());
   const Stream stream;
   int num_splits = 0;
   if (graph) {
@@ -248,6 +253,29 @@ bool bitwise_equal(const Result& a, const Result& b) {
          std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0;
 }
 
+/// Where two results differ bitwise (for the failure message): how many outputs and lse values
+/// differ, and the first of each.
+std::string first_differences(const Result& a, const Result& b) {
+  std::ostringstream os;
+  if (a.out.size() != b.out.size() || a.lse.size() != b.lse.size()) return "different shapes";
+  std::size_t n_out = 0, n_lse = 0;
+  for (std::size_t i = 0; i < a.out.size(); ++i) {
+    if (a.out[i].bits == b.out[i].bits) continue;
+    if (n_out++ == 0)
+      os << "out[row " << i / kMlaVDim << ", dim " << i % kMlaVDim << "]: " << a.out[i].to_float()
+         << " vs " << b.out[i].to_float() << "; ";
+  }
+  for (std::size_t i = 0; i < a.lse.size(); ++i) {
+    if (std::memcmp(&a.lse[i], &b.lse[i], sizeof(float)) == 0) continue;
+    if (n_lse++ == 0)
+      os << std::setprecision(9) << "lse[row " << i << "]: " << a.lse[i] << " vs " << b.lse[i]
+         << "; ";
+  }
+  os << n_out << " of " << a.out.size() << " outputs and " << n_lse << " of " << a.lse.size()
+     << " lse values differ";
+  return os.str();
+}
+
 /// Largest error of the CUDA result against the host operator, in units of the tolerance:
 ///   o:   |d| <= 8e-3 + 1.6e-2 |ref|  (twice the host suite's tolerance against float64: the CUDA
 ///        kernel rounds the softmax weights to bf16 for the tensor cores, ~1e-3 relative, and
@@ -293,6 +321,7 @@ void check_invariance(int interleave) {
   const Result single = run_cuda<F, Sparse, DirectWorkspace, AllToAll>(self, s, self_cfg);
   const Result host = run_host<F, Sparse>(s);
   INFO("N = " << world.size() << ", I = " << interleave);
+  INFO(first_differences(dcp, single));
   CHECK(bitwise_equal(dcp, single));
   CHECK(dcp.num_splits == world_cfg.virtual_shards / world.size());  // V / N, the contract
   CHECK(single.num_splits == self_cfg.virtual_shards);
@@ -445,6 +474,7 @@ void check_nccl(bool graph) {
   const Result single = run_cuda<F, Sparse, DirectWorkspace, AllToAll>(self, s, self_cfg);
   const Result host = run_host<F, Sparse>(s);
   INFO("N = " << world.size() << (graph ? ", forward captured in a CUDA graph" : ", eager"));
+  INFO(first_differences(dcp, single));
   CHECK(bitwise_equal(dcp, single));
   const double err = error_vs_host(dcp, host, F);
   CAPTURE(err);

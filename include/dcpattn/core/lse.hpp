@@ -67,10 +67,11 @@ DCPATTN_HOST_DEVICE float mul_rn(float a, float b) noexcept {
 #endif
 }
 
-// The fast merge's arithmetic (fast mode is close, not bitwise: DESIGN.md). On the device
-// exp(x) is one ex2.approx of x log2(e) and 1 / s one rcp.approx: relative errors of about 2^-22
-// (plus |x| 2^-24 from the product), far below the bf16 output's 2^-8, and about 15 dependent
-// instructions shorter than expf and an IEEE division, which is what a batch-1 merge waits on.
+// The merges' arithmetic on the device (every device merge, deterministic tree and fast N-way
+// alike, and nothing else). On the device exp(x) is one ex2.approx of x log2(e) and 1 / s one
+// rcp.approx: relative errors of about 2^-22 (plus |x| 2^-24 from the product), far below the bf16
+// output's 2^-8, and about 15 dependent instructions shorter than expf and an IEEE division,
+// which is what a batch-1 merge waits on.
 // Subnormal results flush to 0 (weights under 1e-38). exp(0) = 1, exp(-inf) = +0 and 1 / 1 = 1
 // stay exact. On the host the libm exp and an IEEE division.
 DCPATTN_HOST_DEVICE float fast_exp(float x) noexcept {
@@ -80,6 +81,18 @@ DCPATTN_HOST_DEVICE float fast_exp(float x) noexcept {
   return y;
 #else
   return cuda::std::exp(x);
+#endif
+}
+/// log(x) as the device's tree merge evaluates it: one lg2.approx (absolute error about 2^-22 on
+/// the merge's sums, which lie in [1, 2]) times ln 2; log(1) = 0 stays exact. On the host the libm
+/// log.
+DCPATTN_HOST_DEVICE float fast_log(float x) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return __fmul_rn(y, 0.693147180559945309417232121458176568f);
+#else
+  return cuda::std::log(x);
 #endif
 }
 DCPATTN_HOST_DEVICE float fast_inverse(float s) noexcept {
@@ -104,17 +117,30 @@ struct MergeWeights {
 /// Merges two sanitized natural-log LSE values. Symmetric by construction: swapping a and b swaps
 /// w_a and w_b and leaves lse bit-identical (max and float addition are commutative). Finite inputs
 /// of any magnitude (|lse| ~ 1e4 included) neither overflow nor produce NaN.
+///
+/// This is deterministic mode's tree step, so every device kernel that merges states (the
+/// attention kernel's split merge, the combine's rank merge) evaluates it with this one function.
+/// On the device exp and log are the hardware approximations (detail::fast_exp, detail::fast_log:
+/// relative errors of about 2^-22, a few instructions instead of the dependent chains of expf and
+/// logf that a batch-1 merge waits on); on the host they are libm's. Each side is bitwise the same
+/// for every DCP size; the two sides agree to fp32 rounding (docs/semantics.md).
+///
+/// Straight-line code: the general case is evaluated for every input (an empty side gives NaN or
+/// 0 there, never a trap) and the empty cases are selected afterwards. Without branches the
+/// compiler can overlap the independent merges of one tree level; with early returns the device
+/// code ran them one after the other.
 DCPATTN_HOST_DEVICE MergeWeights merge_lse(float lse_a, float lse_b) noexcept {
   const float m = lse_a > lse_b ? lse_a : lse_b;
-  if (m == lse_neg_inf) return {lse_neg_inf, 0.0f, 0.0f};  // both empty
-  // One side empty: the other passes through exactly (m + log(1) would turn lse = -0 into +0).
-  if (lse_b == lse_neg_inf) return {lse_a, 1.0f, 0.0f};
-  if (lse_a == lse_neg_inf) return {lse_b, 0.0f, 1.0f};
-  const float ea = cuda::std::exp(detail::sub_rn(lse_a, m));
-  const float eb = cuda::std::exp(detail::sub_rn(lse_b, m));
-  const float lse = detail::add_rn(m, cuda::std::log(detail::add_rn(ea, eb)));
-  return {lse, cuda::std::exp(detail::sub_rn(lse_a, lse)),
-          cuda::std::exp(detail::sub_rn(lse_b, lse))};
+  const float ea = detail::fast_exp(detail::sub_rn(lse_a, m));
+  const float eb = detail::fast_exp(detail::sub_rn(lse_b, m));
+  const float lse = detail::add_rn(m, detail::fast_log(detail::add_rn(ea, eb)));
+  const float wa = detail::fast_exp(detail::sub_rn(lse_a, lse));
+  const float wb = detail::fast_exp(detail::sub_rn(lse_b, lse));
+  // Both empty: the neutral element. One side empty: the other passes through exactly (m + log(1)
+  // would turn lse = -0 into +0) with weight 1.
+  const bool a_empty = lse_a == lse_neg_inf, b_empty = lse_b == lse_neg_inf;
+  return {a_empty ? lse_b : (b_empty ? lse_a : lse), a_empty ? 0.0f : (b_empty ? 1.0f : wa),
+          b_empty ? 0.0f : (a_empty ? 1.0f : wb)};
 }
 
 /// w * o where a zero weight means "this input is empty": the result is 0 even for o = inf or NaN.

@@ -457,6 +457,89 @@ TEST_CASE("combine_pack_a2a: neutral rows, foreign empty markers, base 2, bitwis
   }
 }
 
+/// merge_lse(a[i], b[i]) and merge_lse(b[i], a[i]) on the device: (lse, w_a, w_b) each.
+__global__ void merge_lse_kernel(const float* a, const float* b, int n, float* ab, float* ba) {
+  const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+  if (i >= n) return;
+  const MergeWeights x = merge_lse(a[i], b[i]);
+  const MergeWeights y = merge_lse(b[i], a[i]);
+  ab[3 * i] = x.lse, ab[3 * i + 1] = x.w_a, ab[3 * i + 2] = x.w_b;
+  ba[3 * i] = y.lse, ba[3 * i + 1] = y.w_a, ba[3 * i + 2] = y.w_b;
+}
+
+TEST_CASE("merge_lse on the device (hardware exp and log): within its bound of a long double "
+          "reference, symmetric to the bit, exact where promised",
+          "[cuda][combine]") {
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> near(-1.0f, 1.0f);
+  std::vector<float> ha, hb;
+  for (int k = 0; k < 200000; ++k) {
+    const float a = sanitize_lse(random_lse(rng, true));
+    // half the pairs close together (weights of comparable size), half independent
+    const float b = k % 2 && std::isfinite(a) ? a + near(rng) * float(1 << (k % 7))
+                                             : sanitize_lse(random_lse(rng, true));
+    ha.push_back(a), hb.push_back(b);
+  }
+  const float big = std::numeric_limits<float>::max();
+  for (float x : {0.0f, -0.0f, 1.0f, -7.0f, 1e4f, -1e4f, big, -big})
+    for (float y : {x, -kInf, 0.0f, -big}) ha.push_back(x), hb.push_back(y);
+  const int n = int(ha.size());
+  DeviceArray<float> da(ha), db(hb), dab(3 * std::size_t(n)), dba(3 * std::size_t(n));
+  merge_lse_kernel<<<(n + 127) / 128, 128>>>(da.ptr, db.ptr, n, dab.ptr, dba.ptr);
+  CUDA_OK(cudaGetLastError());
+  const std::vector<float> ab = dab.download(), ba = dba.download();
+  int finite = 0;
+  for (int i = 0; i < n; ++i) {
+    const float a = ha[i], b = hb[i];
+    const float lse = ab[3 * i], wa = ab[3 * i + 1], wb = ab[3 * i + 2];
+    INFO("(" << a << ", " << b << ") -> lse " << lse << ", w " << wa << ", " << wb);
+    // symmetric: swapping the inputs swaps the weights, the lse to the bit
+    REQUIRE(bits(ba[3 * i]) == bits(lse));
+    REQUIRE(bits(ba[3 * i + 1]) == bits(wb));
+    REQUIRE(bits(ba[3 * i + 2]) == bits(wa));
+    if (a == -kInf && b == -kInf) {  // the neutral element, exactly
+      REQUIRE(lse == -kInf);
+      REQUIRE(bits(wa) == bits(0.0f));
+      REQUIRE(bits(wb) == bits(0.0f));
+      continue;
+    }
+    if (a == -kInf || b == -kInf) {  // the live side passes through exactly
+      const float live = a == -kInf ? b : a;
+      REQUIRE(bits(lse) == bits(live));
+      REQUIRE((a == -kInf ? wb : wa) == 1.0f);
+      REQUIRE(bits(a == -kInf ? wa : wb) == bits(0.0f));
+      continue;
+    }
+    REQUIRE(std::isfinite(lse));
+    if (std::max(std::fabs(a), std::fabs(b)) > 1e30f) {
+      // Near the largest floats the fp32 sum lse + log 2 rounds back to lse (host and device
+      // alike): only finite and in range is promised there.
+      REQUIRE(!std::isnan(wa));
+      REQUIRE(!std::isnan(wb));
+      REQUIRE((wa >= 0.0f && wa <= 1.0f && wb >= 0.0f && wb <= 1.0f));
+      continue;
+    }
+    // Long double reference. The device bound: ex2.approx and lg2.approx carry relative
+    // (absolute, for lg2 on [1, 2]) errors of about 2^-22, the products by log2(e) and ln 2 and
+    // the roundings of the subtractions add 2^-24 of their magnitudes.
+    const long double m = std::max<long double>(a, b);
+    const long double ref = m + std::log(std::exp((long double)a - m) + std::exp((long double)b - m));
+    const long double lse_err = std::fabs((long double)lse - ref);
+    REQUIRE(lse_err <= 0x1p-20L + 0x1p-23L * std::fabs(ref));
+    for (int side = 0; side < 2; ++side) {
+      const float x = side ? b : a;
+      const float got = side ? wb : wa;
+      const long double want = std::exp((long double)x - ref);
+      const long double rel = 0x1p-20L + lse_err + 0x1p-22L * std::fabs((long double)x - ref);
+      REQUIRE(got >= 0.0f);
+      REQUIRE(got <= 1.0f);
+      REQUIRE(std::fabs(got - want) <= want * rel + 0x1p-125L);  // ftz: under 2^-126 gives 0
+    }
+    ++finite;
+  }
+  CHECK(finite > 100000);
+}
+
 TEST_CASE("combine_merge_a2a deterministic: the shared tree bitwise, the host within ulps",
           "[cuda][combine]") {
   std::uint32_t seed = 100;
@@ -490,16 +573,18 @@ TEST_CASE("combine_merge_a2a: the row kernel and the warp kernels on either side
   // kernels; every merge must give the reference's bits whichever kernel runs it.
   using cuda_kernels::detail::row_kernel_serves;
   std::uint32_t seed = 350;
-  // deterministic, 4 states: the row kernel up to 64 rows, the warp kernel beyond
-  REQUIRE(row_kernel_serves(true, 4, 4, 16));
-  REQUIRE_FALSE(row_kernel_serves(true, 4, 5, 16));
+  // deterministic, 8 states: the row kernel up to 64 rows, the warp kernel beyond
+  REQUIRE(row_kernel_serves(true, 8, 4, 16));
+  REQUIRE_FALSE(row_kernel_serves(true, 8, 5, 16));
   for (std::int64_t t : {4, 5}) {
-    check_merge<bfloat16>(4, t, 16, DcpMode::deterministic, PartialDtype::fp32, t == 4, seed++);
-    check_merge<float>(4, t, 16, DcpMode::deterministic, PartialDtype::bf16, t == 5, seed++);
+    check_merge<bfloat16>(8, t, 16, DcpMode::deterministic, PartialDtype::fp32, t == 4, seed++);
+    check_merge<float>(8, t, 16, DcpMode::deterministic, PartialDtype::bf16, t == 5, seed++);
   }
-  // deterministic, 1 and 2 states: the row kernel at every size; 8 states: the warp kernel
+  // deterministic, 1, 2 and 4 states: the row kernel at every size; 16 states: the warp kernel
   REQUIRE(row_kernel_serves(true, 2, 300, 16));
-  REQUIRE_FALSE(row_kernel_serves(true, 8, 1, 1));
+  REQUIRE(row_kernel_serves(true, 4, 300, 16));
+  REQUIRE_FALSE(row_kernel_serves(true, 16, 1, 1));
+  check_merge<float>(4, 300, 16, DcpMode::deterministic, PartialDtype::bf16, true, seed++);
   check_merge<bfloat16>(2, 300, 16, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
   check_merge<float>(1, 300, 16, DcpMode::deterministic, PartialDtype::fp32, false, seed++);
   // fast: the row kernel up to 8 states (plain loads for 2, volatile loads for 4 and 8), the warp
@@ -531,14 +616,14 @@ TEST_CASE("combine_merge_a2a: launches past the speculative-load size give the s
   // here past that size.
   constexpr std::int64_t kWarps = cuda_kernels::detail::kSpeculativeMaxWarps;
   std::uint32_t seed = 400;
-  // Warp kernels only: the deterministic tree of 4 and 8 states, the fast merge of more than 8
+  // Warp kernels only: the deterministic tree of 8 and 16 states, the fast merge of more than 8
   // (merge_row_kernel, which runs the other merges, loads every state whatever its lse).
   using cuda_kernels::detail::row_kernel_serves;
   const std::int64_t t = 520, hl = 16;
   REQUIRE(t * hl > kWarps);
-  REQUIRE_FALSE(row_kernel_serves(true, 4, t, hl));
+  REQUIRE_FALSE(row_kernel_serves(true, 8, t, hl));
   REQUIRE_FALSE(row_kernel_serves(false, 12, t, hl));
-  check_merge<bfloat16>(4, t, hl, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
+  check_merge<bfloat16>(16, t, hl, DcpMode::deterministic, PartialDtype::fp32, true, seed++);
   check_merge<float>(12, t, hl, DcpMode::fast, PartialDtype::fp32, true, seed++);
   check_merge<bfloat16>(12, t, hl, DcpMode::fast, PartialDtype::bf16, true, seed++);
   REQUIRE(2 * 520 * 8 > kWarps);
