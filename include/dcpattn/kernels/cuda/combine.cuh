@@ -36,10 +36,11 @@
 // bench_combine shapes): the fast merge of up to kRowKernelMaxStates states at every size (its
 // weights need one approximate exp each and one shared approximate reciprocal; with a vector per
 // state and thread it also keeps more loads in flight than the warp kernel and was faster from
-// T = 1 to T = 8192); the tree of 2 states at every size; the tree of 4 states up to
-// kRowKernelMaxTree4Rows rows. Deeper trees keep the warp kernel, whose lanes share the 2^k - 1
-// weight merges (an exp, a log and two exps per level, which deterministic mode pays for its
-// bits) that every thread of the row kernel would repeat. Both kernels give the same bits.
+// T = 1 to T = 8192); the tree of 2 and of 4 states at every size; the tree of 8 states up to
+// kRowKernelMaxTree8Rows rows. Deeper trees, and larger 8-state ones, keep the warp kernel,
+// whose lanes share the 2^k - 1 weight merges (two approximate exps, an approximate log and two
+// more exps per node) that every thread of the row kernel would repeat. Both kernels give the
+// same bits.
 //
 // Loads of an empty state's o. A state whose lse is -inf has weight 0: its o never reaches the
 // result (weighted() gives 0 for any o, NaN included). The warp merge kernels and the rescale in
