@@ -126,9 +126,9 @@ struct MergeWeights {
 /// for every DCP size; the two sides agree to fp32 rounding (docs/semantics.md).
 ///
 /// Straight-line code: the general case is evaluated for every input (an empty side gives NaN or
-/// 0 there, never a trap) and the empty cases are selected afterwards. Without branches the
-/// compiler can overlap the independent merges of one tree level; with early returns the device
-/// code ran them one after the other.
+/// 0 there, never a trap) and the empty cases are selected afterwards, so that the independent
+/// merges of one tree level can overlap (merge_row_kernel evaluates a tree's weights before its
+/// element merges; with early returns here its device code ran the merges one after the other).
 DCPATTN_HOST_DEVICE MergeWeights merge_lse(float lse_a, float lse_b) noexcept {
   const float m = lse_a > lse_b ? lse_a : lse_b;
   const float ea = detail::fast_exp(detail::sub_rn(lse_a, m));

@@ -803,8 +803,8 @@ __global__ void __launch_bounds__(kRowBlock)
         for (int v = 0; v < half; ++v)
 #pragma unroll
           for (int k = 0; k < V; ++k)
-            s[v][k] = merge_element(s[v][k], s[v + half][k], wa[S - 2 * half + v],
-                                    wb[S - 2 * half + v]);
+            s[v][k] =
+                merge_element(s[v][k], s[v + half][k], wa[S - 2 * half + v], wb[S - 2 * half + v]);
       }
     }
     merged = l[0];
