@@ -22,17 +22,24 @@ namespace dcpattn::bench {
 
 /// A device allocation for one benchmark case; `fill` >= 0 sets every byte (e.g. 0x3c: bf16 and
 /// fp32 values near 0.0115, finite and nonzero, for buffers whose values do not matter).
+/// The contents are in place when the constructor returns: the memset and the copy run on the
+/// legacy stream (a pageable copy may return before it has landed), which the benchmarks'
+/// non-blocking streams do not wait for, so the constructor synchronizes the device.
 struct DeviceBuffer {
   void* ptr = nullptr;
   explicit DeviceBuffer(std::size_t bytes, int fill = -1) {
     DCPATTN_CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1));
-    if (fill >= 0) DCPATTN_CUDA_CHECK(cudaMemset(ptr, fill, bytes ? bytes : 1));
+    if (fill >= 0) {
+      DCPATTN_CUDA_CHECK(cudaMemset(ptr, fill, bytes ? bytes : 1));
+      DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    }
   }
   /// A device copy of a host vector.
   template <class T>
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size() * sizeof(T)) {
     DCPATTN_CUDA_CHECK(
         cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
                                   bfloat16::from_float(1.0f));
           DCPATTN_CUDA_CHECK(
               cudaMemcpy(weights.ptr, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+          DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());  // before the non-blocking stream reads it
         }
         DeviceBuffer cos_sin(std::size_t(max_position) * dcpattn::kMlaRopeDim * 4, 0x3c);
         dcpattn::bench::JsonRecords json;
