@@ -29,6 +29,11 @@ struct lse_base_2 {};
 
 inline constexpr float lse_neg_inf = -cuda::std::numeric_limits<float>::infinity();
 
+namespace detail {
+/// ln 2 rounded to float: base-2 LSE to natural log, and log(x) from log2(x) on the device.
+inline constexpr float kLn2 = 0.693147180559945309417232121458176568f;
+}  // namespace detail
+
 /// Maps a foreign LSE value to dcpattn's convention: natural log, with +inf and NaN (kernels' ways
 /// of marking an empty row) turned into -inf.
 constexpr DCPATTN_HOST_DEVICE float sanitize_lse(float lse, lse_base_e = {}) noexcept {
@@ -36,8 +41,7 @@ constexpr DCPATTN_HOST_DEVICE float sanitize_lse(float lse, lse_base_e = {}) noe
   return (lse < cuda::std::numeric_limits<float>::infinity()) ? lse : lse_neg_inf;
 }
 constexpr DCPATTN_HOST_DEVICE float sanitize_lse(float lse, lse_base_2) noexcept {
-  constexpr float ln2 = 0.693147180559945309417232121458176568f;
-  return sanitize_lse(lse) * ln2;  // -inf * ln2 stays -inf
+  return sanitize_lse(lse) * detail::kLn2;  // -inf * ln2 stays -inf
 }
 
 namespace detail {
@@ -90,7 +94,7 @@ DCPATTN_HOST_DEVICE float fast_log(float x) noexcept {
 #if DCPATTN_IN_DEVICE_CODE
   float y;
   asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return __fmul_rn(y, 0.693147180559945309417232121458176568f);
+  return __fmul_rn(y, kLn2);
 #else
   return cuda::std::log(x);
 #endif
