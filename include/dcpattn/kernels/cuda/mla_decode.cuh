@@ -787,6 +787,8 @@ inline constexpr int kConsumers = 256;  // warpgroups 0 and 1: tensor-core produ
 inline constexpr int kProducers = 128;  // warpgroup 2: slots, copies, fp8 dequantization
 inline constexpr int kThreads = kConsumers + kProducers;
 inline constexpr int kHeads = 64;                       // heads per CTA: the wgmma M
+/// Heads per CTA of the narrow kernel (H <= 16): the wgmma N of the transposed products.
+inline constexpr int kNarrowHeads = 16;
 inline constexpr int kBlock = kTileTokens * 128;        // one 64-dim column block (8 KiB)
 inline constexpr int kDimBlocks = kMlaQkDim / 64;       // 9
 inline constexpr int kTile = kDimBlocks * kBlock;       // a Q block or a K/V tile: 73,728 bytes
@@ -808,15 +810,23 @@ static_assert(kRing >= kTileTokens + kGather && (kRing & (kRing - 1)) == 0,
               "dcpattn: the sparse ring must hold a tile plus one gather round");
 static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byte chunks");
 
-/// Byte offsets of mla_wg_kernel's dynamic shared memory; every swizzled region is 1024-aligned.
-template <bool kFp8>
+/// Byte offsets of mla_wg_kernel's dynamic shared memory for kRows heads per CTA (kHeads, or
+/// kNarrowHeads); every swizzled region is 1024-aligned. The query block is kRows rows of 576;
+/// P is 64 heads x 64 tokens (wide), or one P^T of 16 heads x 64 tokens per consumer warpgroup
+/// (narrow).
+template <bool kFp8, int kRows = kHeads>
 struct Smem {
+  static_assert(kRows == kHeads || kRows == kNarrowHeads, "dcpattn: 64 or 16 heads per CTA");
   static constexpr int stages = kFp8 ? 1 : 2;  // K/V stages (bf16 tiles)
+  /// fp8: stages of raw entries; the narrow query block leaves room for a second one.
+  static constexpr int raw_stages = kFp8 ? (kRows == kNarrowHeads ? 2 : 1) : 0;
+  static constexpr std::size_t raw_bytes = std::size_t(kTileTokens) * kRawEntry;  // one stage
   static constexpr std::size_t q = 0;
-  static constexpr std::size_t k = q + kTile;
+  static constexpr std::size_t k = q + std::size_t(kDimBlocks) * kRows * 128;
   static constexpr std::size_t raw = k + std::size_t(stages) * kTile;
-  static constexpr std::size_t p = raw + (kFp8 ? std::size_t(kTileTokens) * kRawEntry : 0);
-  static constexpr std::size_t slot = p + std::size_t(kHeads) * 128;        // int32 [4][64]
+  static constexpr std::size_t p = raw + std::size_t(raw_stages) * raw_bytes;
+  static constexpr std::size_t slot =
+      p + std::size_t(kRows == kHeads ? kHeads : 2 * kNarrowHeads) * 128;   // int32 [4][64]
   static constexpr std::size_t count = slot + kSlotBufs * kTileTokens * 4;  // int32 [4]
   static constexpr std::size_t xrow = count + kSlotBufs * 4;                // float [2][64]
   static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                // int32 [kRing]
@@ -871,9 +881,11 @@ DCPATTN_DEVICE void cta_handover(std::uint64_t* bar, int phase) {
   mbar_wait(bar, phase);
 }
 
-/// Offset of 16-byte chunk c (0..71) of row r (0..63) in a swizzled 64 x 576 tile.
+/// Offset of 16-byte chunk c (0..71) of row r (0..kRows-1) in a swizzled kRows x 576 block:
+/// 9 column blocks of kRows rows x 128 bytes.
+template <int kRows = kTileTokens>
 DCPATTN_DEVICE std::uint32_t tile_offset(int r, int c) {
-  return std::uint32_t((c >> 3) * kBlock + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+  return std::uint32_t((c >> 3) * kRows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
 /// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
@@ -982,19 +994,50 @@ DCPATTN_DEVICE void wgmma_m64n256_pv(float (&d)[128], std::uint64_t desc_a, std:
 #endif
 }
 
+/// d (+)= A B^T for one m64n16k16 bf16 tile, fp32 accumulation, both operands in shared memory:
+/// B K-major, A K-major (kTransA = 0) or MN-major (kTransA = 1).
+template <int kTransA>
+DCPATTN_DEVICE void wgmma_m64n16(float (&d)[8], std::uint64_t desc_a, std::uint64_t desc_b,
+                                 int accumulate) {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
+#else
+  (void)d;
+  (void)desc_a;
+  (void)desc_b;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
+/// Pins the values of `r` at this point of the program (the register-operand fence of wgmma code):
+/// the compiler may not move their computation past it.
+template <int N>
+DCPATTN_DEVICE void fence_registers(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
 /// 16 zero bytes at a shared-memory address.
 DCPATTN_DEVICE void zero16(unsigned char* dst) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
 }
 
-/// Query rows [h0, h0 + 64) of token t into the swizzled Q block; rows >= heads are zero.
+/// Query rows [h0, h0 + kRows) of token t into the swizzled Q block; rows >= heads are zero.
+template <int kRows>
 DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
                            int tid) {
   constexpr int kChunks = kMlaQkDim / 8;  // 72
-  for (int i = tid; i < kHeads * kChunks; i += kProducers) {
+  for (int i = tid; i < kRows * kChunks; i += kProducers) {
     const int r = i / kChunks, c = i % kChunks;
     const int h = h0 + r;
-    unsigned char* dst = q_s + tile_offset(r, c);
+    unsigned char* dst = q_s + tile_offset<kRows>(r, c);
     if (h >= heads) {
       zero16(dst);
       continue;
@@ -1012,15 +1055,15 @@ DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, un
     }
   }
 }
-template <class QView>
+template <int kRows, class QView>
 DCPATTN_DEVICE void load_q(const GenericQ<QView>& q, std::int64_t t, int h0, int heads,
                            unsigned char* q_s, int tid) {
-  for (int i = tid; i < kHeads * kMlaQkDim; i += kProducers) {
+  for (int i = tid; i < kRows * kMlaQkDim; i += kProducers) {
     const int r = i / kMlaQkDim, d = i % kMlaQkDim;
     const int h = h0 + r;
     std::uint16_t bits = 0;
     if (h < heads) bits = bf16_bits_of(q.q(t, std::int64_t(h), std::int64_t(d)));
-    *reinterpret_cast<std::uint16_t*>(q_s + tile_offset(r, d / 8) + (d % 8) * 2) = bits;
+    *reinterpret_cast<std::uint16_t*>(q_s + tile_offset<kRows>(r, d / 8) + (d % 8) * 2) = bits;
   }
 }
 
@@ -1131,6 +1174,202 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
   }
 }
 
+/// The consumers of mla_wg_kernel at H <= 16 (kNarrowHeads heads per CTA): the transposed
+/// products, with the tile's 64 tokens as the wgmma M and the heads as N, so that no padded head
+/// row is computed (at 16 heads the wide kernel computes 64 head rows, four times the work).
+///   - S^T = K Q^T: wgmma m64n16k16, K (the A operand) and Q (B) both K-major as stored, 36
+///     k-steps in order. Both warpgroups compute the whole S^T (the same instructions on the
+///     same operands, so the same bits): each then runs the softmax of its own copy and needs
+///     nothing from the other warpgroup.
+///   - online softmax per head (a column of S^T): each thread holds 2 tokens x 4 heads; the
+///     column maximum is reduced over the lanes of a column (xor 4, 8, 16) and over the 4 warps
+///     through shared memory (warp 0's first); the row sum l stays a per-thread partial sum
+///     (each thread's own tokens, rescaled like o) and is reduced once at the end in a fixed
+///     order. P^T (bf16) goes to the warpgroup's own buffer.
+///   - O^T = V^T P^T: warpgroup g owns value dims [256 g, 256 g + 256), 4 wgmma m64n16k16 blocks
+///     of 64 dims, V^T read in place from the K/V tile as an MN-major A operand.
+/// The same fixed shapes and orders for every tile, so the DCP invariance argument holds.
+template <bool kFp8, bool kRawPath, class Args>
+DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::int64_t t, int j) {
+  using L = Smem<kFp8, kNarrowHeads>;
+  constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
+  constexpr int kQBlock = kNarrowHeads * 128;  // one 64-dim column block of the query
+  const int tid = int(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = warp >> 2;  // warpgroup: value dims [256 g, +256) of O^T
+  const int wq = warp & 3;  // warp in the warpgroup: tokens [16 wq, +16) of S^T
+  const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;  // this thread's rows (tokens, or dims)
+  const int hc = 2 * (lane & 3);  // this thread's heads: 8 jn + hc + e, index q = 2 jn + e
+  const int S = a.num_splits;
+  const int* slot_s = reinterpret_cast<const int*>(smem + L::slot);
+  const int* count_s = reinterpret_cast<const int*>(smem + L::count);
+  float* xcol = reinterpret_cast<float*>(smem + L::xrow) + g * 4 * kNarrowHeads;  // [4][16]
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
+  std::uint64_t* empty = full + 2;
+  unsigned char* pt_s = smem + L::p + g * kQBlock;  // this warpgroup's P^T: 16 heads x 64 tokens
+  const std::uint32_t qa = smem_u32(smem + L::q);
+  const std::uint32_t pa = smem_u32(pt_s);
+  const int bar_id = 3 + g;  // this warpgroup's named barrier
+
+  float m[4], l[4];  // per head q: running maximum (shared by the column), this thread's sum
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    m[q] = kNegInf;
+    l[q] = 0.0f;
+  }
+  float o[4][8];  // O^T block mb: dims 256 g + 64 mb + r0 (+8), heads as in s
+#pragma unroll
+  for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[mb][e] = 0.0f;
+
+  for (int i = 0;; ++i) {
+    const int st = kFp8 ? 0 : (i & 1);
+    if constexpr (kFp8) {
+      cta_handover(&full[0], i & 1);  // tile_begin
+    } else {
+      mbar_wait(&full[st], (i >> 1) & 1);
+    }
+    const int n_tile = count_s[i % kSlotBufs];
+    if (n_tile == 0) break;
+    if constexpr (kFp8) {
+      if (kRawPath && a.cache_vector)
+        dequant_tile(smem + L::raw + std::size_t(i % L::raw_stages) * L::raw_bytes, smem + L::k,
+                     tid);
+      fence_proxy_async();
+      cta_handover(&empty[0], i & 1);  // tile_ready
+    }
+    const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
+    const std::uint32_t k_s = smem_u32(smem + L::k + std::size_t(st) * kTile);
+
+    // --- S^T = K Q^T: s[4 jn + e] = (token r0, head 8 jn + hc + e), s[4 jn + 2 + e] = token r1.
+    float s[8];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
+      const std::uint32_t in = std::uint32_t((ks & 3) * 32);
+      wgmma_m64n16<0>(s, gmma_desc(k_s + std::uint32_t((ks >> 2) * kBlock) + in, 16, 1024),
+                      gmma_desc(qa + std::uint32_t((ks >> 2) * kQBlock) + in, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+
+    // --- Online softmax per head.
+    const bool v0 = slots[r0] >= 0, v1 = slots[r1] >= 0;
+    float mx[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int e = 4 * (q >> 1) + (q & 1);
+      s[e] = v0 ? a.softmax_scale * s[e] : kNegInf;
+      s[e + 2] = v1 ? a.softmax_scale * s[e + 2] : kNegInf;
+      mx[q] = fmaxf(s[e], s[e + 2]);
+      mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 4));
+      mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 8));
+      mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 16));
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + 8 * (q >> 1) + hc + (q & 1)] = mx[q];
+    }
+    named_barrier(bar_id, 128);
+    float al[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int h = 8 * (q >> 1) + hc + (q & 1);
+      const int e = 4 * (q >> 1) + (q & 1);
+      const float mn =
+          fmaxf(m[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
+                            fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
+      // Branch-free as in the wide kernel: while nothing is valid the maximum used is 0.
+      const float mu = mn == kNegInf ? 0.0f : mn;
+      al[q] = expf(m[q] - mu);
+      const float p0 = expf(s[e] - mu);
+      const float p1 = expf(s[e + 2] - mu);
+      l[q] = l[q] * al[q] + (p0 + p1);
+      m[q] = mn;
+      // P^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
+      unsigned char* row = pt_s + h * 128 + (r0 & 7) * 2;
+      *reinterpret_cast<std::uint16_t*>(row + (((r0 >> 3) ^ (h & 7)) << 4)) =
+          bfloat16::from_float(p0).bits;
+      *reinterpret_cast<std::uint16_t*>(row + (((r1 >> 3) ^ (h & 7)) << 4)) =
+          bfloat16::from_float(p1).bits;
+    }
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        o[mb][4 * (q >> 1) + (q & 1)] *= al[q];
+        o[mb][4 * (q >> 1) + (q & 1) + 2] *= al[q];
+      }
+      // The rescaling completes before the products: otherwise the compiler may sink it between
+      // the wgmma of different blocks, and ptxas then serializes them (warpgroup.arrive).
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) fence_registers(o[mb]);
+    fence_proxy_async();
+    named_barrier(bar_id, 128);  // P^T complete; the xcol reads are done
+
+    // --- O^T = alpha O^T + V^T P^T for value dims [256 g, 256 g + 256).
+    wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) {
+      const std::uint32_t va = k_s + std::uint32_t((4 * g + mb) * kBlock);
+#pragma unroll
+      for (int kk = 0; kk < kTileTokens / 16; ++kk)
+        wgmma_m64n16<1>(o[mb], gmma_desc(va + kk * 2048, kBlock, 1024),
+                        gmma_desc(pa + kk * 32, 16, 1024), 1);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
+  }
+
+  // --- The state: l summed over a column's lanes (xor 4, 8, 16) then its warps in order;
+  // o = acc / l, lse = m + log(l); l == 0 (no token) is the neutral state.
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
+    l[q] += __shfl_xor_sync(kFullMask, l[q], 8);
+    l[q] += __shfl_xor_sync(kFullMask, l[q], 16);
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + 8 * (q >> 1) + hc + (q & 1)] = l[q];
+  }
+  named_barrier(bar_id, 128);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int hh = 8 * (q >> 1) + hc + (q & 1);
+    const int h = hh;  // one head block: h0 = 0
+    if (h >= a.heads) continue;
+    const float lq = (xcol[hh] + xcol[kNarrowHeads + hh]) +
+                     (xcol[2 * kNarrowHeads + hh] + xcol[3 * kNarrowHeads + hh]);
+    const bool empty_state = lq == 0.0f;
+    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+    const int e = 4 * (q >> 1) + (q & 1);
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) {
+      const int d = 256 * g + 64 * mb + r0;
+      const float v0 = empty_state ? 0.0f : o[mb][e] / lq;
+      const float v1 = empty_state ? 0.0f : o[mb][e + 2] / lq;
+      if (S > 1) {
+        a.scratch_o[state * kMlaVDim + d] = v0;
+        a.scratch_o[state * kMlaVDim + d + 8] = v1;
+      } else {
+        a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
+        a.o(t, std::int64_t(h), std::int64_t(d + 8)) = v1;
+      }
+    }
+    if (g == 0 && wq == 0 && lane < 4) {
+      const float lse = empty_state ? kNegInf : m[q] + logf(lq);
+      if (S > 1)
+        a.scratch_lse[state] = lse;
+      else
+        a.lse(t, std::int64_t(h)) = lse;
+    }
+  }
+}
+
 /// One (row, split, head block) partial state; see the section comment. 1-D grid, head block
 /// fastest (the CTAs reading the same tiles run side by side), then split, then row.
 ///
@@ -1149,12 +1388,14 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
 ///         published) and `tile_ready` (the stage is complete and fenced; the raw stage is free).
 ///         Sharing the conversion with the consumers, who would otherwise wait for it, makes it
 ///         three times as wide as the producer warpgroup alone.
-template <bool kSparse, class QSrc, class CacheView, class Own>
+template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
   constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
   constexpr bool kRawPath = kFp8 && is_plain_strided_v<CacheView>;
-  using L = Smem<kFp8>;
+  using L = Smem<kFp8, kRows>;
+  static_assert(L::raw_stages + 2 <= kSlotBufs,
+                "dcpattn: a slot buffer per tile being computed, in flight or being gathered");
   constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
 
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -1173,21 +1414,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int head_blocks = (a.heads + kHeads - 1) / kHeads;
+  const int head_blocks = (a.heads + kRows - 1) / kRows;
   const int S = a.num_splits;
   const int hb = int(blockIdx.x % unsigned(head_blocks));
   const int j = int((blockIdx.x / unsigned(head_blocks)) % unsigned(S));
   const std::int64_t t = std::int64_t(blockIdx.x / unsigned(head_blocks) / unsigned(S));
-  const int h0 = hb * kHeads;
+  const int h0 = hb * kRows;
 
   if (t >= a.num_valid_rows) {
     // Padding row: nothing of it is read. With S > 1 the merge kernel writes its neutral state.
     if (S == 1) {
-      for (int i = tid; i < kHeads * kMlaVDim; i += kThreads) {
+      for (int i = tid; i < kRows * kMlaVDim; i += kThreads) {
         const int h = h0 + i / kMlaVDim;
         if (h < a.heads) a.o(t, std::int64_t(h), std::int64_t(i % kMlaVDim)) = 0.0f;
       }
-      for (int i = tid; i < kHeads; i += kThreads)
+      for (int i = tid; i < kRows; i += kThreads)
         if (h0 + i < a.heads) a.lse(t, std::int64_t(h0 + i)) = kNegInf;
     }
     return;
@@ -1287,7 +1528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool any_work = kSparse ? list > 0 : n > 0;
     int n_cur = any_work ? next_tile(0) : 0;
     if (!any_work && ptid == 0) count_s[0] = 0;
-    if (n_cur > 0) load_q(a.q, t, h0, a.heads, q_s, ptid);
+    if (n_cur > 0) load_q<kRows>(a.q, t, h0, a.heads, q_s, ptid);
     if constexpr (!kFp8) {
       if (n_cur > 0) load_tile_direct(a.cache, a.cache_vector, slot_s, stage(0), ptid);
       cp_async_commit();
@@ -1308,28 +1549,41 @@ __global__ void __launch_bounds__(kThreads, 1)
         n_cur = n_next;
       }
     } else {
-      if constexpr (kRawPath) {
-        if (n_cur > 0 && a.cache_vector) load_tile_raw(a.cache, slot_s, raw_s, ptid);
+      // R raw stages: tiles 0 .. R - 1 are copied ahead, then tile i + R into tile i's stage once
+      // tile i is dequantized. One cp.async group per tile.
+      constexpr int R = L::raw_stages;
+      auto raw = [&](int i) { return raw_s + std::size_t(i % R) * L::raw_bytes; };
+      int n_ahead[R];  // token counts of tiles i .. i + R - 1 (0: the end marker)
+      n_ahead[0] = n_cur;
+#pragma unroll
+      for (int k = 0; k < R; ++k) {
+        if (k > 0) n_ahead[k] = n_ahead[k - 1] > 0 ? next_tile(k % kSlotBufs) : 0;
+        if constexpr (kRawPath) {
+          if (n_ahead[k] > 0 && a.cache_vector)
+            load_tile_raw(a.cache, slot_s + (k % kSlotBufs) * kTileTokens, raw(k), ptid);
+        }
+        cp_async_commit();
       }
-      cp_async_commit();
       for (int i = 0;; ++i) {
-        cp_async_wait<0>();  // the raw entries (and the query) this thread copied are in place
+        cp_async_wait<R - 1>();  // tile i's raw entries (and the query) this thread copied landed
         cta_handover(&full[0], i & 1);  // tile_begin
-        if (n_cur == 0) break;  // the end marker: the consumers read the count 0 and stop
+        if (n_ahead[0] == 0) break;     // the end marker: the consumers read the count 0 and stop
         if (kRawPath && a.cache_vector)
-          dequant_tile(raw_s, stage(0), tid);
+          dequant_tile(raw(i), stage(0), tid);
         else
           load_tile_direct(a.cache, a.cache_vector, slot_s + (i % kSlotBufs) * kTileTokens,
                            stage(0), ptid);
         fence_proxy_async();
-        cta_handover(&empty[0], i & 1);  // tile_ready: tile i complete; raw_s free
-        const int n_next = next_tile((i + 1) % kSlotBufs);
+        cta_handover(&empty[0], i & 1);  // tile_ready: tile i complete; raw(i) free
+        const int n_new = n_ahead[R - 1] > 0 ? next_tile((i + R) % kSlotBufs) : 0;
         if constexpr (kRawPath) {
-          if (n_next > 0 && a.cache_vector)
-            load_tile_raw(a.cache, slot_s + ((i + 1) % kSlotBufs) * kTileTokens, raw_s, ptid);
+          if (n_new > 0 && a.cache_vector)
+            load_tile_raw(a.cache, slot_s + ((i + R) % kSlotBufs) * kTileTokens, raw(i + R), ptid);
         }
         cp_async_commit();
-        n_cur = n_next;
+#pragma unroll
+        for (int k = 0; k + 1 < R; ++k) n_ahead[k] = n_ahead[k + 1];
+        n_ahead[R - 1] = n_new;
       }
     }
     return;
@@ -1339,14 +1593,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(DCPATTN_MLA_WGMMA)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 #endif
-  const int g = warp >> 2;  // warpgroup: tokens [32 g, +32) of S, value dims [256 g, +256) of O
-  const int wq = warp & 3;  // warp in the warpgroup: head rows [16 wq, +16)
-  const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;
+  if constexpr (kRows == kNarrowHeads) {
+    narrow_consumers<kFp8, kRawPath>(a, smem, t, j);
+  } else {
+    const int g = warp >> 2;  // warpgroup: tokens [32 g, +32) of S, value dims [256 g, +256) of O
+    const int wq = warp & 3;  // warp in the warpgroup: head rows [16 wq, +16)
+    const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;
 
-  // Softmax state of head rows r0 and r1 (replicated in the 4 threads of a row quad and in both
-  // warpgroups); l_* is this warpgroup's share of the row sum.
-  float m_0 = kNegInf, m_1 = kNegInf, l_0 = 0.0f, l_1 = 0.0f;
-  float o[128];
+    // Softmax state of head rows r0 and r1 (replicated in the 4 threads of a row quad and in both
+    // warpgroups); l_* is this warpgroup's share of the row sum.
+    float m_0 = kNegInf, m_1 = kNegInf, l_0 = 0.0f, l_1 = 0.0f;
+    float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
@@ -1499,6 +1756,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         a.lse(t, std::int64_t(h)) = lse;
     }
   }
+  }
 }
 }  // namespace wg
 
@@ -1591,18 +1849,28 @@ inline int head_tiles_for(int heads) {
   return heads <= 16 ? 1 : 4;
 }
 
-/// The warpgroup kernel: one CTA per (row, split, 64 heads), 1-D grid.
-template <bool kSparse, class QSrc, class CacheView, class Own>
-void launch_wg(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
-  auto kernel = &wg::mla_wg_kernel<kSparse, QSrc, CacheView, Own>;
+/// One block of kRows heads per CTA, 1-D grid.
+template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
+void launch_wg_rows(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
+  auto kernel = &wg::mla_wg_kernel<kRows, kSparse, QSrc, CacheView, Own>;
   constexpr std::size_t smem =
-      wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla>::bytes;
+      wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>::bytes;
   static std::atomic<unsigned long long> configured{0};
   raise_smem_limit(kernel, smem, configured);
-  const std::int64_t head_blocks = (args.heads + wg::kHeads - 1) / wg::kHeads;
+  const std::int64_t head_blocks = (args.heads + kRows - 1) / kRows;
   const std::int64_t blocks = args.tokens * args.num_splits * head_blocks;
   kernel<<<unsigned(blocks), wg::kThreads, smem, stream>>>(args);
   DCPATTN_CUDA_CHECK(cudaGetLastError());
+}
+
+/// The warpgroup kernel: one CTA per (row, split, block of heads); the narrow (transposed) one
+/// when H <= 16, else one per 64 heads.
+template <bool kSparse, class QSrc, class CacheView, class Own>
+void launch_wg(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
+  if (args.heads <= wg::kNarrowHeads)
+    launch_wg_rows<wg::kNarrowHeads, kSparse>(args, stream);
+  else
+    launch_wg_rows<wg::kHeads, kSparse>(args, stream);
 }
 
 /// Set by the tests and benchmarks only: run mla_split_kernel (mma.sync) on every device, so that
