@@ -767,6 +767,11 @@ __global__ void __launch_bounds__(kMlaVDim)
 //   - O += P V: warpgroup g owns value dims [256 g, 256 g + 256) (wgmma m64n256k16, V read in
 //     place from the K/V tile as an MN-major operand; 128 fp32 accumulators per thread);
 //   - the state o = acc / l, lse = m + logf(l) goes to scratch or straight to o/lse as before.
+// Narrow kernel (H <= 16, one CTA per (row, split)): the same producer and pipeline, a query
+// block of 16 rows, and the products transposed (narrow_consumers): S^T = K Q^T and
+// O^T = V^T P^T with the 64 tokens as the wgmma M and the heads as N (m64n16k16), so no padded
+// head row is computed; the 54 KiB the smaller query block frees hold a second raw stage for
+// the fp8 cache. Which kernel runs depends on H only, never on N.
 // Every reduction has a fixed shape and order and nothing depends on S, the split index, N, T
 // or the grid, so the DCP invariance argument of the file comment holds for this kernel too.
 
