@@ -148,6 +148,13 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "mla_decode_peer.json"
     import os
     quick = os.environ.get("DCPATTN_BENCH_QUICK") is not None
+    # DCPATTN_BENCH_FILTER="dense bf16 B=128 L=32768 H=16": only cases whose label contains it
+    # (the labels of bench_mla_decode).
+    pattern = os.environ.get("DCPATTN_BENCH_FILTER")
+
+    def selected(kind, fmt, B, L, H):
+        return pattern is None or pattern in f"{kind} {fmt} B={B} L={L} H={H}"
+
     records = []
     mm = matmul_tflops()
     cp = copy_gbs()
@@ -159,13 +166,15 @@ def main():
                 for B in (1, 8, 64, 128):
                     if quick and not ((B == 64 and L == 32768) or (B == 1 and L == 131072)):
                         continue
-                    run("dense", fmt, B, L, H, records)
+                    if selected("dense", fmt, B, L, H):
+                        run("dense", fmt, B, L, H, records)
     for fmt in ("bf16", "fp8"):
         for H in (64, 128):
             for B in (1, 8, 64, 128):
                 if quick and B != 64:
                     continue
-                run("sparse", fmt, B, 32768, H, records)
+                if selected("sparse", fmt, B, 32768, H):
+                    run("sparse", fmt, B, 32768, H, records)
     with open(out, "w") as f:
         json.dump(records, f, indent=1)
 

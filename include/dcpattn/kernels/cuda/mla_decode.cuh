@@ -1149,7 +1149,10 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
   constexpr int kLatentItems = kTileTokens * (DsMlaFp8Entry::latent_dim / 16);  // 2048
   constexpr int kItems = kLatentItems + kTileTokens * (DsMlaFp8Entry::rope_dim / 8);  // 2560
   static_assert(kLatentItems % 32 == 0, "dcpattn: a warp's items must be of one kind");
-#pragma unroll 2
+  // Fully unrolled (7 predicated rounds): every round's shared-memory loads go out together.
+  // Against `unroll 2` on the H200: fp8, 16 heads, 128 x 32K 1829 -> 1680 us; sparse fp8 at
+  // 128 heads 334 -> 328 us; dense fp8 at 128 heads unchanged.
+#pragma unroll
   for (int item = tid; item < kItems; item += kThreads) {
     const int tok = item & (kTileTokens - 1);
     const unsigned char* e = raw_s + tok * kRawEntry;
