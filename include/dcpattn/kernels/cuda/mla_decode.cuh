@@ -1185,15 +1185,17 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
 /// The consumers of mla_wg_kernel at H <= 16 (kNarrowHeads heads per CTA): the transposed
 /// products, with the tile's 64 tokens as the wgmma M and the heads as N, so that no padded head
 /// row is computed (at 16 heads the wide kernel computes 64 head rows, four times the work).
-///   - S^T = K Q^T: wgmma m64n16k16, K (the A operand) and Q (B) both K-major as stored, 36
-///     k-steps in order. Both warpgroups compute the whole S^T (the same instructions on the
-///     same operands, so the same bits): each then runs the softmax of its own copy and needs
-///     nothing from the other warpgroup.
-///   - online softmax per head (a column of S^T): each thread holds 2 tokens x 4 heads; the
-///     column maximum is reduced over the lanes of a column (xor 4, 8, 16) and over the 4 warps
-///     through shared memory (warp 0's first); the row sum l stays a per-thread partial sum
-///     (each thread's own tokens, rescaled like o) and is reduced once at the end in a fixed
-///     order. P^T (bf16) goes to the warpgroup's own buffer.
+///   - S^T = K Q^T: warpgroup 0 alone, wgmma m64n16k16, K (the A operand) and Q (B) both K-major
+///     as stored, 36 k-steps in order. (When both warpgroups computed it, the tile was read from
+///     shared memory twice, and those reads bound the products.)
+///   - online softmax per head (a column of S^T), warpgroup 0: each thread holds 2 tokens x 4
+///     heads; the column maximum is reduced over the lanes of a column (xor 4, 8, 16) and over
+///     the 4 warps through shared memory (warp 0's first); the row sum l stays a per-thread
+///     partial sum (each thread's own tokens, rescaled like o) and is reduced once at the end in
+///     a fixed order. P^T (bf16) and each head's rescale factor go to shared memory, in one of
+///     two buffers by tile parity: warpgroup 0 writes tile i + 1's while warpgroup 1 may still
+///     read tile i's (it cannot be further behind: the consumer barrier of tile i + 1 waits
+///     for it).
 ///   - O^T = V^T P^T: warpgroup g owns value dims [256 g, 256 g + 256), 4 wgmma m64n16k16 blocks
 ///     of 64 dims, V^T read in place from the K/V tile as an MN-major A operand.
 /// The same fixed shapes and orders for every tile, so the DCP invariance argument holds.
@@ -1201,7 +1203,7 @@ template <bool kFp8, bool kRawPath, class Args>
 DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::int64_t t, int j) {
   using L = Smem<kFp8, kNarrowHeads>;
   constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
-  constexpr int kQBlock = kNarrowHeads * 128;  // one 64-dim column block of the query
+  constexpr int kQBlock = kNarrowHeads * 128;  // one 64-dim column block of the query, or P^T
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -1212,15 +1214,18 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
   const int S = a.num_splits;
   const int* slot_s = reinterpret_cast<const int*>(smem + L::slot);
   const int* count_s = reinterpret_cast<const int*>(smem + L::count);
-  float* xcol = reinterpret_cast<float*>(smem + L::xrow) + g * 4 * kNarrowHeads;  // [4][16]
+  // 128 floats: the column maxima of warpgroup 0's 4 warps [4][16], then the rescale factors by
+  // tile parity [2][16], then the row sums [16].
+  float* xcol = reinterpret_cast<float*>(smem + L::xrow);
+  float* alpha_s = xcol + 4 * kNarrowHeads;
+  float* lsum_s = alpha_s + 2 * kNarrowHeads;
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
   std::uint64_t* empty = full + 2;
-  unsigned char* pt_s = smem + L::p + g * kQBlock;  // this warpgroup's P^T: 16 heads x 64 tokens
   const std::uint32_t qa = smem_u32(smem + L::q);
-  const std::uint32_t pa = smem_u32(pt_s);
-  const int bar_id = 3 + g;  // this warpgroup's named barrier
+  auto head_of = [&](int q) { return 8 * (q >> 1) + hc + (q & 1); };
+  auto elem_of = [](int q) { return 4 * (q >> 1) + (q & 1); };  // s[e]: token r0, s[e + 2]: r1
 
-  float m[4], l[4];  // per head q: running maximum (shared by the column), this thread's sum
+  float m[4], l[4];  // warpgroup 0, per head q: running maximum (shared by the column), own sum
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     m[q] = kNegInf;
@@ -1250,74 +1255,84 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
     }
     const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
     const std::uint32_t k_s = smem_u32(smem + L::k + std::size_t(st) * kTile);
+    unsigned char* pt_s = smem + L::p + (i & 1) * kQBlock;  // P^T: 16 heads x 64 tokens
+    float* alpha = alpha_s + (i & 1) * kNarrowHeads;
 
-    // --- S^T = K Q^T: s[4 jn + e] = (token r0, head 8 jn + hc + e), s[4 jn + 2 + e] = token r1.
-    float s[8];
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
-      const std::uint32_t in = std::uint32_t((ks & 3) * 32);
-      wgmma_m64n16<0>(s, gmma_desc(k_s + std::uint32_t((ks >> 2) * kBlock) + in, 16, 1024),
-                      gmma_desc(qa + std::uint32_t((ks >> 2) * kQBlock) + in, 16, 1024), ks > 0);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-
-    // --- Online softmax per head.
-    const bool v0 = slots[r0] >= 0, v1 = slots[r1] >= 0;
-    float mx[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int e = 4 * (q >> 1) + (q & 1);
-      s[e] = v0 ? a.softmax_scale * s[e] : kNegInf;
-      s[e + 2] = v1 ? a.softmax_scale * s[e + 2] : kNegInf;
-      mx[q] = fmaxf(s[e], s[e + 2]);
-      mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 4));
-      mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 8));
-      mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 16));
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + 8 * (q >> 1) + hc + (q & 1)] = mx[q];
-    }
-    named_barrier(bar_id, 128);
     float al[4];
+    if (g == 0) {
+      // --- S^T = K Q^T: s[4 jn + e] = (token r0, head 8 jn + hc + e), s[4 jn + 2 + e]: r1.
+      float s[8];
+      wgmma_fence();
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int h = 8 * (q >> 1) + hc + (q & 1);
-      const int e = 4 * (q >> 1) + (q & 1);
-      const float mn =
-          fmaxf(m[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
-                            fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
-      // Branch-free as in the wide kernel: while nothing is valid the maximum used is 0.
-      const float mu = mn == kNegInf ? 0.0f : mn;
-      al[q] = expf(m[q] - mu);
-      const float p0 = expf(s[e] - mu);
-      const float p1 = expf(s[e + 2] - mu);
-      l[q] = l[q] * al[q] + (p0 + p1);
-      m[q] = mn;
-      // P^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
-      unsigned char* row = pt_s + h * 128 + (r0 & 7) * 2;
-      *reinterpret_cast<std::uint16_t*>(row + (((r0 >> 3) ^ (h & 7)) << 4)) =
-          bfloat16::from_float(p0).bits;
-      *reinterpret_cast<std::uint16_t*>(row + (((r1 >> 3) ^ (h & 7)) << 4)) =
-          bfloat16::from_float(p1).bits;
+      for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
+        const std::uint32_t in = std::uint32_t((ks & 3) * 32);
+        wgmma_m64n16<0>(s, gmma_desc(k_s + std::uint32_t((ks >> 2) * kBlock) + in, 16, 1024),
+                        gmma_desc(qa + std::uint32_t((ks >> 2) * kQBlock) + in, 16, 1024), ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+
+      // --- Online softmax per head.
+      const bool v0 = slots[r0] >= 0, v1 = slots[r1] >= 0;
+      float mx[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = elem_of(q);
+        s[e] = v0 ? a.softmax_scale * s[e] : kNegInf;
+        s[e + 2] = v1 ? a.softmax_scale * s[e + 2] : kNegInf;
+        mx[q] = fmaxf(s[e], s[e + 2]);
+        mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 4));
+        mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 8));
+        mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 16));
+      }
+      if (lane < 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = mx[q];
+      }
+      named_barrier(3, 128);  // warpgroup 0
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int h = head_of(q);
+        const int e = elem_of(q);
+        const float mn =
+            fmaxf(m[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
+                              fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
+        // Branch-free as in the wide kernel: while nothing is valid the maximum used is 0.
+        const float mu = mn == kNegInf ? 0.0f : mn;
+        al[q] = expf(m[q] - mu);
+        const float p0 = expf(s[e] - mu);
+        const float p1 = expf(s[e + 2] - mu);
+        l[q] = l[q] * al[q] + (p0 + p1);
+        m[q] = mn;
+        // P^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
+        unsigned char* row = pt_s + h * 128 + (r0 & 7) * 2;
+        *reinterpret_cast<std::uint16_t*>(row + (((r0 >> 3) ^ (h & 7)) << 4)) =
+            bfloat16::from_float(p0).bits;
+        *reinterpret_cast<std::uint16_t*>(row + (((r1 >> 3) ^ (h & 7)) << 4)) =
+            bfloat16::from_float(p1).bits;
+        if (wq == 0 && lane < 4) alpha[h] = al[q];
+      }
+    }
+    fence_proxy_async();
+    consumer_barrier();  // P^T and the rescale factors of tile i are complete; xcol reads done
+    if (g == 1) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
     }
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        o[mb][4 * (q >> 1) + (q & 1)] *= al[q];
-        o[mb][4 * (q >> 1) + (q & 1) + 2] *= al[q];
+        o[mb][elem_of(q)] *= al[q];
+        o[mb][elem_of(q) + 2] *= al[q];
       }
       // The rescaling completes before the products: otherwise the compiler may sink it between
       // the wgmma of different blocks, and ptxas then serializes them (warpgroup.arrive).
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) fence_registers(o[mb]);
-    fence_proxy_async();
-    named_barrier(bar_id, 128);  // P^T complete; the xcol reads are done
 
     // --- O^T = alpha O^T + V^T P^T for value dims [256 g, 256 g + 256).
+    const std::uint32_t pa = smem_u32(pt_s);
     wgmma_fence();
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) {
@@ -1332,29 +1347,38 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
     if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
   }
 
-  // --- The state: l summed over a column's lanes (xor 4, 8, 16) then its warps in order;
-  // o = acc / l, lse = m + log(l); l == 0 (no token) is the neutral state.
+  // --- The state: l summed over a column's lanes (xor 4, 8, 16) then its warps in order, by
+  // warpgroup 0; o = acc / l, lse = m + log(l); l == 0 (no token) is the neutral state.
+  if (g == 0) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
+      l[q] += __shfl_xor_sync(kFullMask, l[q], 8);
+      l[q] += __shfl_xor_sync(kFullMask, l[q], 16);
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = l[q];
+    }
+    named_barrier(3, 128);
+    if (wq == 0 && lane < 4) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int h = head_of(q);
+        lsum_s[h] = (xcol[h] + xcol[kNarrowHeads + h]) +
+                    (xcol[2 * kNarrowHeads + h] + xcol[3 * kNarrowHeads + h]);
+      }
+    }
+  }
+  consumer_barrier();
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
-    l[q] += __shfl_xor_sync(kFullMask, l[q], 8);
-    l[q] += __shfl_xor_sync(kFullMask, l[q], 16);
-  }
-  if (lane < 4) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + 8 * (q >> 1) + hc + (q & 1)] = l[q];
-  }
-  named_barrier(bar_id, 128);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int hh = 8 * (q >> 1) + hc + (q & 1);
-    const int h = hh;  // one head block: h0 = 0
+    const int h = head_of(q);  // one head block: h0 = 0
     if (h >= a.heads) continue;
-    const float lq = (xcol[hh] + xcol[kNarrowHeads + hh]) +
-                     (xcol[2 * kNarrowHeads + hh] + xcol[3 * kNarrowHeads + hh]);
+    const float lq = lsum_s[h];
     const bool empty_state = lq == 0.0f;
     const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
-    const int e = 4 * (q >> 1) + (q & 1);
+    const int e = elem_of(q);
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) {
       const int d = 256 * g + 64 * mb + r0;
