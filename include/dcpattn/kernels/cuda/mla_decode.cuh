@@ -836,8 +836,9 @@ struct Smem {
   static constexpr std::size_t xrow = count + kSlotBufs * 4;                // float [2][64]
   static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                // int32 [kRing]
   static constexpr std::size_t wsum = ring + kRing * 4;                     // int [4]
-  static constexpr std::size_t bar = wsum + 4 * 4;                          // u64 full[2], empty[2]
-  static constexpr std::size_t bytes = bar + 4 * 8;
+  static constexpr std::size_t bar =
+      wsum + 4 * 4;  // u64 full[2], empty[2], pt_full[2], pt_empty[2]
+  static constexpr std::size_t bytes = bar + 8 * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
   static_assert(bar % 8 == 0, "dcpattn: mbarriers must be 8-byte aligned");
   static_assert(bytes <= 232448, "dcpattn: over the 227 KiB shared-memory limit of sm_90");
@@ -1193,9 +1194,12 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
 ///     the 4 warps through shared memory (warp 0's first); the row sum l stays a per-thread
 ///     partial sum (each thread's own tokens, rescaled like o) and is reduced once at the end in
 ///     a fixed order. P^T (bf16) and each head's rescale factor go to shared memory, in one of
-///     two buffers by tile parity: warpgroup 0 writes tile i + 1's while warpgroup 1 may still
-///     read tile i's (it cannot be further behind: the consumer barrier of tile i + 1 waits
-///     for it).
+///     two buffers by tile parity, handed to warpgroup 1 by mbarriers: pt_full[b] (warpgroup 0
+///     wrote buffer b) and pt_empty[b] (warpgroup 1's products have read it). The end of the
+///     split is handed over the same way, with the row sums. (Not bar.sync: warpgroup 0 also
+///     passes its own barrier for the column maxima, and compute-sanitizer racecheck orders two
+///     warpgroups across a bar.sync only when both have passed the same number of barriers;
+///     see the fp8 hand-over, cta_handover.)
 ///   - O^T = V^T P^T: warpgroup g owns value dims [256 g, 256 g + 256), 4 wgmma m64n16k16 blocks
 ///     of 64 dims, V^T read in place from the K/V tile as an MN-major A operand.
 /// The same fixed shapes and orders for every tile, so the DCP invariance argument holds.
@@ -1221,6 +1225,8 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
   float* lsum_s = alpha_s + 2 * kNarrowHeads;
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
   std::uint64_t* empty = full + 2;
+  std::uint64_t* pt_full = full + 4;
+  std::uint64_t* pt_empty = full + 6;
   const std::uint32_t qa = smem_u32(smem + L::q);
   auto head_of = [&](int q) { return 8 * (q >> 1) + hc + (q & 1); };
   auto elem_of = [](int q) { return 4 * (q >> 1) + (q & 1); };  // s[e]: token r0, s[e + 2]: r1
@@ -1237,6 +1243,7 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[mb][e] = 0.0f;
 
+  int n_done = 0;  // tiles computed
   for (int i = 0;; ++i) {
     const int st = kFp8 ? 0 : (i & 1);
     if constexpr (kFp8) {
@@ -1260,6 +1267,7 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 
     float al[4];
     if (g == 0) {
+      if (i >= 2) mbar_wait(&pt_empty[i & 1], ((i - 2) >> 1) & 1);  // buffer i & 1 is free
       // --- S^T = K Q^T: s[4 jn + e] = (token r0, head 8 jn + hc + e), s[4 jn + 2 + e]: r1.
       float s[8];
       wgmma_fence();
@@ -1312,10 +1320,13 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
             bfloat16::from_float(p1).bits;
         if (wq == 0 && lane < 4) alpha[h] = al[q];
       }
-    }
-    fence_proxy_async();
-    consumer_barrier();  // P^T and the rescale factors of tile i are complete; xcol reads done
-    if (g == 1) {
+      fence_proxy_async();
+      mbar_arrive(&pt_full[i & 1]);  // P^T and the rescale factors of tile i are complete
+      // Warpgroup 0's next xcol writes follow its products below; every warp of it has read
+      // xcol by then (its products wait for pt_full, which all 128 threads arrive on).
+      mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
+    } else {
+      mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
 #pragma unroll
       for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
     }
@@ -1345,11 +1356,16 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
     wgmma_commit();
     wgmma_wait_all();
     if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
+    if (g == 1) mbar_arrive(&pt_empty[i & 1]);
+    n_done = i + 1;
   }
 
   // --- The state: l summed over a column's lanes (xor 4, 8, 16) then its warps in order, by
-  // warpgroup 0; o = acc / l, lse = m + log(l); l == 0 (no token) is the neutral state.
+  // warpgroup 0, handed over as tile n_done; o = acc / l, lse = m + log(l); l == 0 (no token)
+  // is the neutral state.
+  const int b_end = n_done & 1;
   if (g == 0) {
+    if (n_done >= 2) mbar_wait(&pt_empty[b_end], ((n_done - 2) >> 1) & 1);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
@@ -1369,8 +1385,9 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
                     (xcol[2 * kNarrowHeads + h] + xcol[3 * kNarrowHeads + h]);
       }
     }
+    mbar_arrive(&pt_full[b_end]);
   }
-  consumer_barrier();
+  mbar_wait(&pt_full[b_end], (n_done >> 1) & 1);
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int h = head_of(q);  // one head block: h0 = 0
@@ -1474,6 +1491,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int st = 0; st < L::stages; ++st) {
         mbar_init(&full[st], kProducers);
         mbar_init(&empty[st], kConsumers);
+      }
+    }
+    if constexpr (kRows == kNarrowHeads) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(&full[4 + b], kConsumers / 2);  // pt_full: warpgroup 0 wrote P^T buffer b
+        mbar_init(&full[6 + b], kConsumers / 2);  // pt_empty: warpgroup 1 is done with it
       }
     }
   }
