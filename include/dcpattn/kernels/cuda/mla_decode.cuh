@@ -817,7 +817,7 @@ static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byt
 
 /// Byte offsets of mla_wg_kernel's dynamic shared memory for kRows heads per CTA (kHeads, or
 /// kNarrowHeads); every swizzled region is 1024-aligned. The query block is kRows rows of 576;
-/// P is 64 heads x 64 tokens (wide), or one P^T of 16 heads x 64 tokens per consumer warpgroup
+/// P is 64 heads x 64 tokens (wide), or two buffers of P^T, 16 heads x 64 tokens, by tile parity
 /// (narrow).
 template <bool kFp8, int kRows = kHeads>
 struct Smem {
@@ -1331,14 +1331,15 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
       for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
     }
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
+    for (int mb = 0; mb < 4; ++mb) {
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         o[mb][elem_of(q)] *= al[q];
         o[mb][elem_of(q) + 2] *= al[q];
       }
-      // The rescaling completes before the products: otherwise the compiler may sink it between
-      // the wgmma of different blocks, and ptxas then serializes them (warpgroup.arrive).
+    }
+    // The rescaling completes before the products: otherwise the compiler may sink it between
+    // the wgmma of different blocks, and ptxas then serializes them (warpgroup.arrive).
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) fence_registers(o[mb]);
 
