@@ -935,8 +935,10 @@ DCPATTN_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-DCPATTN_DEVICE void wgmma_m64n32_qk(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
-                                    int accumulate) {
+DCPATTN_DEVICE void wgmma_m64n32_qk([[maybe_unused]] float (&d)[16],
+                                    [[maybe_unused]] std::uint64_t desc_a,
+                                    [[maybe_unused]] std::uint64_t desc_b,
+                                    [[maybe_unused]] int accumulate) {
 #if defined(DCPATTN_MLA_WGMMA)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
@@ -948,15 +950,13 @@ DCPATTN_DEVICE void wgmma_m64n32_qk(float (&d)[16], std::uint64_t desc_a, std::u
         "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
-  (void)d;
-  (void)desc_a;
-  (void)desc_b;
-  (void)accumulate;
-  __trap();
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
 }
-DCPATTN_DEVICE void wgmma_m64n256_pv(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
-                                     int accumulate) {
+DCPATTN_DEVICE void wgmma_m64n256_pv([[maybe_unused]] float (&d)[128],
+                                     [[maybe_unused]] std::uint64_t desc_a,
+                                     [[maybe_unused]] std::uint64_t desc_b,
+                                     [[maybe_unused]] int accumulate) {
 #if defined(DCPATTN_MLA_WGMMA)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -992,19 +992,17 @@ DCPATTN_DEVICE void wgmma_m64n256_pv(float (&d)[128], std::uint64_t desc_a, std:
         "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
-  (void)d;
-  (void)desc_a;
-  (void)desc_b;
-  (void)accumulate;
-  __trap();
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
 }
 
 /// d (+)= A B^T for one m64n16k16 bf16 tile, fp32 accumulation, both operands in shared memory:
 /// B K-major, A K-major (kTransA = 0) or MN-major (kTransA = 1).
 template <int kTransA>
-DCPATTN_DEVICE void wgmma_m64n16(float (&d)[8], std::uint64_t desc_a, std::uint64_t desc_b,
-                                 int accumulate) {
+DCPATTN_DEVICE void wgmma_m64n16([[maybe_unused]] float (&d)[8],
+                                 [[maybe_unused]] std::uint64_t desc_a,
+                                 [[maybe_unused]] std::uint64_t desc_b,
+                                 [[maybe_unused]] int accumulate) {
 #if defined(DCPATTN_MLA_WGMMA)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
@@ -1014,11 +1012,7 @@ DCPATTN_DEVICE void wgmma_m64n16(float (&d)[8], std::uint64_t desc_a, std::uint6
         "+f"(d[7])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
 #else
-  (void)d;
-  (void)desc_a;
-  (void)desc_b;
-  (void)accumulate;
-  __trap();
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
 }
 
