@@ -836,8 +836,8 @@ struct Smem {
   static constexpr std::size_t xrow = count + kSlotBufs * 4;                // float [2][64]
   static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                // int32 [kRing]
   static constexpr std::size_t wsum = ring + kRing * 4;                     // int [4]
-  static constexpr std::size_t bar =
-      wsum + 4 * 4;  // u64 full[2], empty[2], pt_full[2], pt_empty[2]
+  // u64 full[2], empty[2], then the narrow kernel's pt_full[2], pt_empty[2]
+  static constexpr std::size_t bar = wsum + 4 * 4;
   static constexpr std::size_t bytes = bar + 8 * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
   static_assert(bar % 8 == 0, "dcpattn: mbarriers must be 8-byte aligned");
