@@ -1655,157 +1655,158 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m_0 = kNegInf, m_1 = kNegInf, l_0 = 0.0f, l_1 = 0.0f;
     float o[128];
 #pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-  const std::uint32_t qa = smem_u32(q_s);
-  const std::uint32_t pa = smem_u32(p_s);
-  for (int i = 0;; ++i) {
-    const int st = kFp8 ? 0 : (i & 1);
-    if constexpr (kFp8) {
-      cta_handover(&full[0], i & 1);  // tile_begin (this thread's products of tile i - 1 are done)
-    } else {
-      mbar_wait(&full[st], (i >> 1) & 1);
-    }
-    const int n_tile = count_s[i % kSlotBufs];
-    if (n_tile == 0) break;
-    if constexpr (kFp8) {
-      if (kRawPath && a.cache_vector) dequant_tile(raw_s, stage(0), tid);
-      fence_proxy_async();
-      cta_handover(&empty[0], i & 1);  // tile_ready
-    }
-    const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
-    const std::uint32_t k_s = smem_u32(stage(st));
-
-    // --- S = Q K^T for tokens [32 g, 32 g + 32).
-    float s[16];
-    const std::uint32_t ka = k_s + std::uint32_t(g * 32 * 128);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
-      const std::uint32_t off = std::uint32_t((ks >> 2) * kBlock + (ks & 3) * 32);
-      wgmma_m64n32_qk(s, gmma_desc(qa + off, 16, 1024), gmma_desc(ka + off, 16, 1024), ks > 0);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-
-    // --- Online softmax in registers.
-    float mx0 = kNegInf, mx1 = kNegInf;
-#pragma unroll
-    for (int jn = 0; jn < 4; ++jn) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool valid = slots[32 * g + 8 * jn + 2 * (lane & 3) + e] >= 0;
-        s[4 * jn + e] = valid ? a.softmax_scale * s[4 * jn + e] : kNegInf;
-        s[4 * jn + 2 + e] = valid ? a.softmax_scale * s[4 * jn + 2 + e] : kNegInf;
-        mx0 = fmaxf(mx0, s[4 * jn + e]);
-        mx1 = fmaxf(mx1, s[4 * jn + 2 + e]);
+    const std::uint32_t qa = smem_u32(q_s);
+    const std::uint32_t pa = smem_u32(p_s);
+    for (int i = 0;; ++i) {
+      const int st = kFp8 ? 0 : (i & 1);
+      if constexpr (kFp8) {
+        // tile_begin (this thread's products of tile i - 1 are done)
+        cta_handover(&full[0], i & 1);
+      } else {
+        mbar_wait(&full[st], (i >> 1) & 1);
       }
+      const int n_tile = count_s[i % kSlotBufs];
+      if (n_tile == 0) break;
+      if constexpr (kFp8) {
+        if (kRawPath && a.cache_vector) dequant_tile(raw_s, stage(0), tid);
+        fence_proxy_async();
+        cta_handover(&empty[0], i & 1);  // tile_ready
+      }
+      const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
+      const std::uint32_t k_s = smem_u32(stage(st));
+
+      // --- S = Q K^T for tokens [32 g, 32 g + 32).
+      float s[16];
+      const std::uint32_t ka = k_s + std::uint32_t(g * 32 * 128);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
+        const std::uint32_t off = std::uint32_t((ks >> 2) * kBlock + (ks & 3) * 32);
+        wgmma_m64n32_qk(s, gmma_desc(qa + off, 16, 1024), gmma_desc(ka + off, 16, 1024), ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+
+      // --- Online softmax in registers.
+      float mx0 = kNegInf, mx1 = kNegInf;
+#pragma unroll
+      for (int jn = 0; jn < 4; ++jn) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const bool valid = slots[32 * g + 8 * jn + 2 * (lane & 3) + e] >= 0;
+          s[4 * jn + e] = valid ? a.softmax_scale * s[4 * jn + e] : kNegInf;
+          s[4 * jn + 2 + e] = valid ? a.softmax_scale * s[4 * jn + 2 + e] : kNegInf;
+          mx0 = fmaxf(mx0, s[4 * jn + e]);
+          mx1 = fmaxf(mx1, s[4 * jn + 2 + e]);
+        }
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
+      if ((lane & 3) == 0) {
+        xrow[g * kHeads + r0] = mx0;
+        xrow[g * kHeads + r1] = mx1;
+      }
+      consumer_barrier();
+      const float mn0 = fmaxf(m_0, fmaxf(xrow[r0], xrow[kHeads + r0]));
+      const float mn1 = fmaxf(m_1, fmaxf(xrow[r1], xrow[kHeads + r1]));
+      // Branch-free: a masked score (-inf) gives expf(-inf) = 0 against a finite maximum. While
+      // nothing is valid (mn = -inf) the maximum used is 0, so no -inf - -inf arises; alpha is then
+      // 0 against o = 0 and l = 0, which leaves both 0.
+      const float mu0 = mn0 == kNegInf ? 0.0f : mn0;
+      const float mu1 = mn1 == kNegInf ? 0.0f : mn1;
+      const float al0 = expf(m_0 - mu0);
+      const float al1 = expf(m_1 - mu1);
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int jn = 0; jn < 4; ++jn) {
+        const float p00 = expf(s[4 * jn] - mu0);
+        const float p01 = expf(s[4 * jn + 1] - mu0);
+        const float p10 = expf(s[4 * jn + 2] - mu1);
+        const float p11 = expf(s[4 * jn + 3] - mu1);
+        sum0 += p00;
+        sum0 += p01;
+        sum1 += p10;
+        sum1 += p11;
+        const int tok = 32 * g + 8 * jn + 2 * (lane & 3);
+        const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
+        // r1 = r0 + 8 has the same swizzle phase (r1 & 7 == r0 & 7).
+        *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) = cvt_bf16x2(p00, p01);
+        *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) = cvt_bf16x2(p10, p11);
+      }
+      // (a + b) + (c + d) on every lane: float addition is commutative, so the 4 copies agree.
+      sum0 += __shfl_xor_sync(kFullMask, sum0, 1);
+      sum0 += __shfl_xor_sync(kFullMask, sum0, 2);
+      sum1 += __shfl_xor_sync(kFullMask, sum1, 1);
+      sum1 += __shfl_xor_sync(kFullMask, sum1, 2);
+      l_0 = l_0 * al0 + sum0;
+      l_1 = l_1 * al1 + sum1;
+      m_0 = mn0;
+      m_1 = mn1;
+      // Rescaling by 1 changes nothing: skip it when no row of the warp moved its maximum.
+      if (__any_sync(kFullMask, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+        for (int c = 0; c < 32; ++c) {
+          o[4 * c] *= al0;
+          o[4 * c + 1] *= al0;
+          o[4 * c + 2] *= al1;
+          o[4 * c + 3] *= al1;
+        }
+      }
+      fence_proxy_async();
+      consumer_barrier();  // P of both warpgroups complete; xrow reads done
+
+      // --- O = alpha O + P V for value dims [256 g, 256 g + 256).
+      const std::uint32_t va = k_s + std::uint32_t(4 * g * kBlock);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTileTokens / 16; ++kk)
+        wgmma_m64n256_pv(o, gmma_desc(pa + kk * 32, 16, 1024),
+                         gmma_desc(va + kk * 2048, kBlock, 1024), 1);
+      wgmma_commit();
+      wgmma_wait_all();
+      if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
     }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
+
+    // --- The state: o = acc / l with l the sum of the warpgroups' shares (warpgroup 0's first),
+    // lse = m + log(l); l == 0 (no token) is the neutral state.
+    consumer_barrier();  // every xrow read of the last tile is done
     if ((lane & 3) == 0) {
-      xrow[g * kHeads + r0] = mx0;
-      xrow[g * kHeads + r1] = mx1;
+      xrow[g * kHeads + r0] = l_0;
+      xrow[g * kHeads + r1] = l_1;
     }
     consumer_barrier();
-    const float mn0 = fmaxf(m_0, fmaxf(xrow[r0], xrow[kHeads + r0]));
-    const float mn1 = fmaxf(m_1, fmaxf(xrow[r1], xrow[kHeads + r1]));
-    // Branch-free: a masked score (-inf) gives expf(-inf) = 0 against a finite maximum. While
-    // nothing is valid (mn = -inf) the maximum used is 0, so no -inf - -inf arises; alpha is then
-    // 0 against o = 0 and l = 0, which leaves both 0.
-    const float mu0 = mn0 == kNegInf ? 0.0f : mn0;
-    const float mu1 = mn1 == kNegInf ? 0.0f : mn1;
-    const float al0 = expf(m_0 - mu0);
-    const float al1 = expf(m_1 - mu1);
-    float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-    for (int jn = 0; jn < 4; ++jn) {
-      const float p00 = expf(s[4 * jn] - mu0);
-      const float p01 = expf(s[4 * jn + 1] - mu0);
-      const float p10 = expf(s[4 * jn + 2] - mu1);
-      const float p11 = expf(s[4 * jn + 3] - mu1);
-      sum0 += p00;
-      sum0 += p01;
-      sum1 += p10;
-      sum1 += p11;
-      const int tok = 32 * g + 8 * jn + 2 * (lane & 3);
-      const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
-      // r1 = r0 + 8 has the same swizzle phase (r1 & 7 == r0 & 7).
-      *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) = cvt_bf16x2(p00, p01);
-      *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) = cvt_bf16x2(p10, p11);
-    }
-    // (a + b) + (c + d) on every lane: float addition is commutative, so the 4 copies agree.
-    sum0 += __shfl_xor_sync(kFullMask, sum0, 1);
-    sum0 += __shfl_xor_sync(kFullMask, sum0, 2);
-    sum1 += __shfl_xor_sync(kFullMask, sum1, 1);
-    sum1 += __shfl_xor_sync(kFullMask, sum1, 2);
-    l_0 = l_0 * al0 + sum0;
-    l_1 = l_1 * al1 + sum1;
-    m_0 = mn0;
-    m_1 = mn1;
-    // Rescaling by 1 changes nothing: skip it when no row of the warp moved its maximum.
-    if (__any_sync(kFullMask, al0 != 1.0f || al1 != 1.0f)) {
+    for (int half = 0; half < 2; ++half) {
+      const int r = half ? r1 : r0;
+      const int h = h0 + r;
+      if (h >= a.heads) continue;
+      const float l = xrow[r] + xrow[kHeads + r];
+      const bool empty_state = l == 0.0f;
+      const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
 #pragma unroll
       for (int c = 0; c < 32; ++c) {
-        o[4 * c] *= al0;
-        o[4 * c + 1] *= al0;
-        o[4 * c + 2] *= al1;
-        o[4 * c + 3] *= al1;
+        const int d = 256 * g + 8 * c + 2 * (lane & 3);
+        const float v0 = empty_state ? 0.0f : o[4 * c + 2 * half] / l;
+        const float v1 = empty_state ? 0.0f : o[4 * c + 2 * half + 1] / l;
+        if (S > 1) {
+          *reinterpret_cast<float2*>(a.scratch_o + state * kMlaVDim + d) = make_float2(v0, v1);
+        } else {
+          a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
+          a.o(t, std::int64_t(h), std::int64_t(d + 1)) = v1;
+        }
+      }
+      if (g == 0 && (lane & 3) == 0) {
+        const float lse = empty_state ? kNegInf : (half ? m_1 : m_0) + logf(l);
+        if (S > 1)
+          a.scratch_lse[state] = lse;
+        else
+          a.lse(t, std::int64_t(h)) = lse;
       }
     }
-    fence_proxy_async();
-    consumer_barrier();  // P of both warpgroups complete; xrow reads done
-
-    // --- O = alpha O + P V for value dims [256 g, 256 g + 256).
-    const std::uint32_t va = k_s + std::uint32_t(4 * g * kBlock);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kTileTokens / 16; ++kk)
-      wgmma_m64n256_pv(o, gmma_desc(pa + kk * 32, 16, 1024),
-                       gmma_desc(va + kk * 2048, kBlock, 1024), 1);
-    wgmma_commit();
-    wgmma_wait_all();
-    if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
-  }
-
-  // --- The state: o = acc / l with l the sum of the warpgroups' shares (warpgroup 0's first),
-  // lse = m + log(l); l == 0 (no token) is the neutral state.
-  consumer_barrier();  // every xrow read of the last tile is done
-  if ((lane & 3) == 0) {
-    xrow[g * kHeads + r0] = l_0;
-    xrow[g * kHeads + r1] = l_1;
-  }
-  consumer_barrier();
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = half ? r1 : r0;
-    const int h = h0 + r;
-    if (h >= a.heads) continue;
-    const float l = xrow[r] + xrow[kHeads + r];
-    const bool empty_state = l == 0.0f;
-    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
-#pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int d = 256 * g + 8 * c + 2 * (lane & 3);
-      const float v0 = empty_state ? 0.0f : o[4 * c + 2 * half] / l;
-      const float v1 = empty_state ? 0.0f : o[4 * c + 2 * half + 1] / l;
-      if (S > 1) {
-        *reinterpret_cast<float2*>(a.scratch_o + state * kMlaVDim + d) = make_float2(v0, v1);
-      } else {
-        a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
-        a.o(t, std::int64_t(h), std::int64_t(d + 1)) = v1;
-      }
-    }
-    if (g == 0 && (lane & 3) == 0) {
-      const float lse = empty_state ? kNegInf : (half ? m_1 : m_0) + logf(l);
-      if (S > 1)
-        a.scratch_lse[state] = lse;
-      else
-        a.lse(t, std::int64_t(h)) = lse;
-    }
-  }
   }
 }
 }  // namespace wg
