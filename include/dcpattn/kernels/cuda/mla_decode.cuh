@@ -48,7 +48,10 @@
 // exact in bf16, the products are exact and summed in fp32 by the tensor cores; the differences
 // are P rounded to bf16 (relative 2^-9 per weight: ~1e-3 relative on o) and, for the fp8 cache,
 // the dequantized key rounded to bf16 (score error ~1e-3 absolute). exp/log are CUDA's, which
-// differ from the host libm's by an ulp now and then.
+// differ from the host libm's by an ulp now and then. The warpgroup kernel's narrow form for the
+// fp8 cache (H <= 16) does not round the keys: the products read the exact e4m3 codes and the
+// group scales are applied in fp32 (scores) and folded into the weights, rounded to f16 (relative
+// 2^-11 per weight; narrow_fp8_consumers).
 //
 // Data-dependent checks cannot be made on the host without a synchronization, so the kernels make
 // them instead and never read outside the views: a row whose row_request is not a request of
@@ -73,6 +76,8 @@
 #include <type_traits>
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <cuda/std/limits>
 #include <cuda/std/mdspan>
@@ -767,11 +772,12 @@ __global__ void __launch_bounds__(kMlaVDim)
 //   - O += P V: warpgroup g owns value dims [256 g, 256 g + 256) (wgmma m64n256k16, V read in
 //     place from the K/V tile as an MN-major operand; 128 fp32 accumulators per thread);
 //   - the state o = acc / l, lse = m + logf(l) goes to scratch or straight to o/lse as before.
-// Narrow kernel (H <= 16, one CTA per (row, split)): the same producer and pipeline, a query
-// block of 16 rows, and the products transposed (narrow_consumers): S^T = K Q^T and
-// O^T = V^T P^T with the 64 tokens as the wgmma M and the heads as N (m64n16k16), so no padded
-// head row is computed; the 54 KiB the smaller query block frees hold a second raw stage for
-// the fp8 cache. Which kernel runs depends on H only, never on N.
+// Narrow kernel (H <= 16, one CTA per (row, split)): the same producer, a query block of 16 rows,
+// and the products transposed: S^T = K Q^T and O^T = V^T P^T with the 64 tokens as the wgmma M
+// and the heads as N (m64n16k16), so no padded head row is computed. bf16 cache: the bf16
+// pipeline and narrow_consumers. fp8 cache: three raw stages and no bf16 copy of the tile; the
+// consumers convert the e4m3 codes in registers and apply the group scales outside the products
+// (narrow_fp8_consumers). Which kernel runs depends on H only, never on N.
 // Every reduction has a fixed shape and order and nothing depends on S, the split index, N, T
 // or the grid, so the DCP invariance argument of the file comment holds for this kernel too.
 
@@ -822,23 +828,31 @@ static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byt
 template <bool kFp8, int kRows = kHeads>
 struct Smem {
   static_assert(kRows == kHeads || kRows == kNarrowHeads, "dcpattn: 64 or 16 heads per CTA");
-  static constexpr int stages = kFp8 ? 1 : 2;  // K/V stages (bf16 tiles)
-  /// fp8: stages of raw entries; the narrow query block leaves room for a second one.
-  static constexpr int raw_stages = kFp8 ? (kRows == kNarrowHeads ? 2 : 1) : 0;
+  /// The narrow fp8 kernel's products read the raw entries through registers
+  /// (narrow_fp8_consumers): no bf16 K/V stage, three raw stages.
+  static constexpr bool reg_a = kFp8 && kRows == kNarrowHeads;
+  static constexpr int stages = kFp8 ? (reg_a ? 0 : 1) : 2;  // K/V stages (bf16 tiles)
+  /// fp8: stages of raw entries.
+  static constexpr int raw_stages = kFp8 ? (reg_a ? 3 : 1) : 0;
   static constexpr std::size_t raw_bytes = std::size_t(kTileTokens) * kRawEntry;  // one stage
   static constexpr std::size_t q = 0;
   static constexpr std::size_t k = q + std::size_t(kDimBlocks) * kRows * 128;
   static constexpr std::size_t raw = k + std::size_t(stages) * kTile;
   static constexpr std::size_t p = raw + std::size_t(raw_stages) * raw_bytes;
-  static constexpr std::size_t slot =
-      p + std::size_t(kRows == kHeads ? kHeads : 2 * kNarrowHeads) * 128;   // int32 [4][64]
-  static constexpr std::size_t count = slot + kSlotBufs * kTileTokens * 4;  // int32 [4]
-  static constexpr std::size_t xrow = count + kSlotBufs * 4;                // float [2][64]
-  static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                // int32 [kRing]
-  static constexpr std::size_t wsum = ring + kRing * 4;                     // int [4]
-  // u64 full[2], empty[2], then the narrow kernel's pt_full[2], pt_empty[2]
-  static constexpr std::size_t bar = wsum + 4 * 4;
-  static constexpr std::size_t bytes = bar + 8 * 8;
+  /// P blocks of kRows x 64 tokens: P (wide), P^T by tile parity (narrow), P^T per scale group
+  /// and tile parity (narrow fp8).
+  static constexpr int p_blocks = kRows == kHeads ? 1 : (reg_a ? 8 : 2);
+  static constexpr std::size_t slot = p + std::size_t(p_blocks) * kRows * 128;  // int32 [4][64]
+  static constexpr std::size_t count = slot + kSlotBufs * kTileTokens * 4;      // int32 [4]
+  static constexpr std::size_t xrow = count + kSlotBufs * 4;                    // float [2][64]
+  static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                    // int32 [kRing]
+  static constexpr std::size_t wsum = ring + kRing * 4;                         // int [4]
+  /// Narrow fp8: the query's per-head factors, the scale exponents and rescale factors
+  /// (narrow_fp8_consumers).
+  static constexpr std::size_t fold = wsum + 4 * 4;
+  // u64 full[4], empty[4] (by stage), then the narrow kernel's pt_full[2], pt_empty[2]
+  static constexpr std::size_t bar = fold + (reg_a ? 64 * 4 : 0);
+  static constexpr std::size_t bytes = bar + 12 * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
   static_assert(bar % 8 == 0, "dcpattn: mbarriers must be 8-byte aligned");
   static_assert(bytes <= 232448, "dcpattn: over the 227 KiB shared-memory limit of sm_90");
@@ -863,6 +877,12 @@ DCPATTN_DEVICE void mbar_wait(std::uint64_t* bar, int parity) {
         : "r"(smem_u32(bar)), "r"(parity)
         : "memory");
   } while (!done);
+}
+/// An arrival on `bar` once every cp.async this thread has issued so far has completed; counts
+/// as one of the barrier's expected arrivals (.noinc).
+DCPATTN_DEVICE void cp_async_mbar_arrive(std::uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
+               : "memory");
 }
 /// Barrier among `count` threads (a multiple of 32) under hardware barrier `id` (1..15).
 DCPATTN_DEVICE void named_barrier(int id, int count) {
@@ -925,6 +945,12 @@ DCPATTN_DEVICE void fence_proxy_async() {
 DCPATTN_DEVICE void cp_async_16z(std::uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
                "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+}
+/// cp.async of 4 bytes.
+DCPATTN_DEVICE void cp_async_4(std::uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
+               "l"(__cvta_generic_to_global(src))
                : "memory");
 }
 DCPATTN_DEVICE void cp_async_commit() {
@@ -1013,6 +1039,46 @@ DCPATTN_DEVICE void wgmma_m64n16([[maybe_unused]] float (&d)[8],
       : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA));
 #else
   __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
+#endif
+}
+
+/// d (+)= A B^T for one m64n16k16 bf16 tile, fp32 accumulation, A from registers (the fragment
+/// of PTX ISA "Matrix Fragments for wgmma.mma_async.m64nNk16": warp w of the warpgroup holds rows
+/// [16 w, 16 w + 16); with g = lane / 4, c = lane % 4, a = {(g, 2c..2c+1), (g+8, 2c..),
+/// (g, 2c+8..), (g+8, 2c+8..)}, low element first), B K-major in shared memory.
+/// kF16: both operands f16 instead of bf16.
+template <bool kF16 = false>
+DCPATTN_DEVICE void wgmma_m64n16_rs([[maybe_unused]] float (&d)[8],
+                                    [[maybe_unused]] const std::uint32_t (&a)[4],
+                                    [[maybe_unused]] std::uint64_t desc_b,
+                                    [[maybe_unused]] int accumulate) {
+#if defined(DCPATTN_MLA_WGMMA)
+  if constexpr (kF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+#else
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
+#endif
+}
+/// Waits until at most N committed wgmma groups of this warpgroup are pending.
+template <int N>
+DCPATTN_DEVICE void wgmma_wait() {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -1133,6 +1199,94 @@ DCPATTN_DEVICE void load_tile_raw(const CacheView& cache, const int* slot_s, uns
   }
 }
 
+/// Bits of query element (t, h, d) (bf16; float views rounded).
+DCPATTN_DEVICE std::uint16_t q_bits(const QDesc& q, std::int64_t t, int h, int d) {
+  return q.data[t * q.st + (h / q.hl) * q.sr + (h % q.hl) * q.sh + std::int64_t(d) * q.sd].bits;
+}
+template <class QView>
+DCPATTN_DEVICE std::uint16_t q_bits(const GenericQ<QView>& q, std::int64_t t, int h, int d) {
+  return bf16_bits_of(q.q(t, std::int64_t(h), std::int64_t(d)));
+}
+
+/// The column of query dim d in the narrow fp8 kernel's query block (kperm_column): within each
+/// 16-dim k-step, the 4 dims [4 c, 4 c + 4) a thread reads from a cache entry with one 32-bit load
+/// are the fragment columns {2 c, 2 c + 1, 2 c + 8, 2 c + 9} that lane c % 4 of the register
+/// A operand holds (wgmma_m64n16_rs). A dot product does not depend on the order of its terms,
+/// so permuting the columns of Q and K alike leaves S^T = K Q^T unchanged.
+DCPATTN_HOST_DEVICE constexpr int kperm_column(int d) {
+  const int w = d % 16, c = w / 4, e = w % 4;
+  return d - w + (e < 2 ? 2 * c + e : 2 * c + 6 + e);
+}
+
+inline constexpr int kDsLatent = DsMlaFp8Entry::latent_dim;  // 512
+
+/// 2^e as a float for an integer e in [-126, 127].
+DCPATTN_DEVICE float pow2i(int e) {
+  return __int_as_float((e + 127) << 23);
+}
+
+/// The narrow fp8 kernel's query block (rows [h0, h0 + kNarrowHeads) of token t; rows >= heads
+/// zero), with the columns permuted by kperm_column (pairs of dims stay together):
+///   - the 512 latent dims in f16, each head's row scaled by 2^tau_h so that its largest
+///     magnitude lies in [2^14, 2^15): every value the bf16 query holds down to 2^-10 of that
+///     maximum is exact in f16 (11 significant bits against bf16's 8), and the smaller ones, whose
+///     share of a score is below 2^-24 of the largest term, round to f16 subnormals;
+///   - the 64 RoPE dims (column block 8) in bf16 as given;
+///   - qinv[h] = 2^-tau_h, which the scores are multiplied by.
+/// Producer warp w fills heads [4 w, 4 w + 4): lane l reads latent dims [16 l, 16 l + 16) and
+/// RoPE dims 512 + 2 l, + 1 of each.
+template <class QSrc>
+DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads,
+                               unsigned char* q_s, float* qinv, int ptid) {
+  const int lane = ptid & 31, w = ptid >> 5;
+#pragma unroll 1
+  for (int r = 4 * w; r < 4 * w + 4; ++r) {
+    const int h = h0 + r;
+    const bool live = h < heads;
+    float amax = 0.0f;
+    if (live) {
+#pragma unroll 4
+      for (int k = 0; k < 16; ++k)
+        amax = fmaxf(amax, fabsf(bfloat16{q_bits(q, t, h, 16 * lane + k)}.to_float()));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
+    // amax in [2^(e - 127), 2^(e - 126)): tau = 141 - e puts it in [2^14, 2^15). A NaN or
+    // infinite query keeps tau = 0 (the scores are NaN either way).
+    const int e = (__float_as_int(amax) >> 23) & 0xFF;
+    const int tau = (amax > 0.0f && e < 255) ? max(-120, min(120, 141 - e)) : 0;
+    const float up = pow2i(tau);
+#pragma unroll 2
+    for (int k = 0; k < 16; k += 2) {
+      const int d = 16 * lane + k;
+      const int col = kperm_column(d);
+      const float x0 = live ? bfloat16{q_bits(q, t, h, d)}.to_float() : 0.0f;
+      const float x1 = live ? bfloat16{q_bits(q, t, h, d + 1)}.to_float() : 0.0f;
+      *reinterpret_cast<__half2*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) + (col % 8) * 2) =
+          __floats2half2_rn(x0 * up, x1 * up);
+    }
+    const int d = kDsLatent + 2 * lane;
+    const int col = kperm_column(d);
+    const std::uint32_t rope = live ? pack_bf16(q_bits(q, t, h, d), q_bits(q, t, h, d + 1)) : 0u;
+    *reinterpret_cast<std::uint32_t*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) +
+                                      (col % 8) * 2) = rope;
+    if (lane == 0) qinv[r] = pow2i(-tau);
+  }
+}
+
+/// A tile's raw entries (slot < 0: zeros) copied into raw_s byte by byte through the view: the
+/// path of caches whose entries are not 16-byte aligned, or of views with another layout or
+/// accessor (entries are contiguous: validate_mla_cache). Complete on return.
+template <class CacheView>
+DCPATTN_DEVICE void load_tile_raw_bytes(const CacheView& cache, const int* slot_s,
+                                        unsigned char* raw_s, int ptid) {
+  for (int i = ptid; i < kTileTokens * kRawEntry; i += kProducers) {
+    const int tok = i / kRawEntry, b = i % kRawEntry;
+    const int slot = slot_s[tok];
+    raw_s[i] = slot >= 0 ? (&cache(std::int64_t(slot), std::int64_t(0)))[b] : 0;
+  }
+}
+
 /// Dequantizes a tile's raw entries into the swizzled K/V stage, shared by all 384 threads of the
 /// CTA (thread `tid`): e4m3 code * group scale rounded to bf16 (the arithmetic of
 /// mla_split_kernel) for the latent part, a copy for the RoPE part; a zero-filled entry (no
@@ -1197,9 +1351,9 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
 ///   - O^T = V^T P^T: warpgroup g owns value dims [256 g, 256 g + 256), 4 wgmma m64n16k16 blocks
 ///     of 64 dims, V^T read in place from the K/V tile as an MN-major A operand.
 /// The same fixed shapes and orders for every tile, so the DCP invariance argument holds.
-template <bool kFp8, bool kRawPath, class Args>
+template <class Args>
 DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::int64_t t, int j) {
-  using L = Smem<kFp8, kNarrowHeads>;
+  using L = Smem<false, kNarrowHeads>;
   constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
   constexpr int kQBlock = kNarrowHeads * 128;  // one 64-dim column block of the query, or P^T
   const int tid = int(threadIdx.x);
@@ -1218,9 +1372,9 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
   float* alpha_s = xcol + 4 * kNarrowHeads;
   float* lsum_s = alpha_s + 2 * kNarrowHeads;
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
-  std::uint64_t* empty = full + 2;
-  std::uint64_t* pt_full = full + 4;
-  std::uint64_t* pt_empty = full + 6;
+  std::uint64_t* empty = full + 4;
+  std::uint64_t* pt_full = full + 8;
+  std::uint64_t* pt_empty = full + 10;
   const std::uint32_t qa = smem_u32(smem + L::q);
   auto head_of = [&](int q) { return 8 * (q >> 1) + hc + (q & 1); };
   auto elem_of = [](int q) { return 4 * (q >> 1) + (q & 1); };  // s[e]: token r0, s[e + 2]: r1
@@ -1239,21 +1393,10 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 
   int n_done = 0;  // tiles computed
   for (int i = 0;; ++i) {
-    const int st = kFp8 ? 0 : (i & 1);
-    if constexpr (kFp8) {
-      cta_handover(&full[0], i & 1);  // tile_begin
-    } else {
-      mbar_wait(&full[st], (i >> 1) & 1);
-    }
+    const int st = i & 1;
+    mbar_wait(&full[st], (i >> 1) & 1);
     const int n_tile = count_s[i % kSlotBufs];
     if (n_tile == 0) break;
-    if constexpr (kFp8) {
-      if (kRawPath && a.cache_vector)
-        dequant_tile(smem + L::raw + std::size_t(i % L::raw_stages) * L::raw_bytes, smem + L::k,
-                     tid);
-      fence_proxy_async();
-      cta_handover(&empty[0], i & 1);  // tile_ready
-    }
     const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
     const std::uint32_t k_s = smem_u32(smem + L::k + std::size_t(st) * kTile);
     unsigned char* pt_s = smem + L::p + (i & 1) * kQBlock;  // P^T: 16 heads x 64 tokens
@@ -1350,7 +1493,7 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
     }
     wgmma_commit();
     wgmma_wait_all();
-    if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
+    mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
     if (g == 1) mbar_arrive(&pt_empty[i & 1]);
     n_done = i + 1;
   }
@@ -1414,6 +1557,391 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
   }
 }
 
+/// The consumers of the narrow kernel for the fp8 cache (H <= 16): the products of
+/// narrow_consumers, with the tensor cores reading the e4m3 codes themselves, converted in
+/// registers to f16 (exactly: every e4m3 value is an f16 value; one conversion instruction per two
+/// codes) as the register A operand of wgmma (wgmma_m64n16_rs), and the group scales applied
+/// outside the products. No bf16 copy of the tile is made, and nothing runs between the tiles:
+/// the raw stages are handed over like the bf16 pipeline's stages (full / empty by stage).
+///   - Scores: S^T = K Q^T per scale group g (latent dims [128 g, 128 g + 128)) in f16 against
+///     the query scaled by 2^tau_h (load_q_fp8), plus the RoPE dims in bf16 as stored; then
+///     s = 2^-tau_h (sum over g of scale[token][g] * S_g, in a fixed order) + S_rope. The keys
+///     are the exact e4m3 values times their scales in fp32, not rounded to bf16.
+///   - Values: O^T = V^T P_g^T per scale group, with the group scale folded into the weights:
+///     P_g[token][h] = f16(p * scale[token][g] * 2^(127 - sigma_g)), sigma_g the largest scale
+///     exponent of group g so far (at most 2 before rounding, so within f16's range; a weight
+///     below 2^-14 of it rounds to an f16 subnormal). When sigma_g grows, O^T's rows of group g
+///     are rescaled by 2^(old - new), with the softmax's alpha; the state is O^T 2^(sigma_g - 127).
+///   - Warpgroup 0: the scores, the online softmax of narrow_consumers, and P_g^T for the 4
+///     groups (by tile parity) with the rescale factors, handed to warpgroup 1 by pt_full /
+///     pt_empty. Thread (warp w, lane 4 g + c) converts tokens 16 w + g and 16 w + g + 8: per
+///     16-dim k-step one 32-bit load of 4 codes of each token (dims [4 c, 4 c + 4), the columns
+///     kperm_column gives the query). One accumulator per group (8 k-steps each) and one for
+///     the RoPE dims, so no chain of dependent products is longer than 8.
+///   - Warpgroup 1: O^T for all 512 value dims, 8 blocks of 64 rows, block mb within group
+///     mb / 2: row r of block 2 G + b is latent dim 128 G + 4 (8 w + g) + 2 b + (r >= 8), so
+///     thread (w, g, c) reads 4 consecutive codes of each group per token with one 32-bit load;
+///     its tokens are the fragment's columns as they are (16 kk + 2 c + {0, 1, 8, 9}), and a byte
+///     permute pairs the two tokens of each register.
+template <bool kSparse, class Args>
+DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std::int64_t t,
+                                         int j) {
+  using L = Smem<true, kNarrowHeads>;
+  constexpr int R = L::raw_stages;
+  constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
+  constexpr int kQBlock = kNarrowHeads * 128;  // one 64-dim column block of the query, or P^T
+  constexpr int kScales = DsMlaFp8Entry::scales_offset;
+  constexpr int kRope = DsMlaFp8Entry::rope_offset;
+  constexpr int kGroups = DsMlaFp8Entry::num_groups;                // 4
+  constexpr int kGroupSteps = DsMlaFp8Entry::group_size / 16;       // 8 k-steps per group
+  constexpr int kRopeSteps = DsMlaFp8Entry::rope_dim / 16;          // 4
+  constexpr int kLatentSteps = DsMlaFp8Entry::latent_dim / 16;      // 32
+  const int tid = int(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = warp >> 2;  // warpgroup: 0 computes the scores and the softmax, 1 computes O^T
+  const int wq = warp & 3;
+  const int gq = lane >> 2, c = lane & 3;
+  const int r0 = 16 * wq + gq, r1 = r0 + 8;  // warpgroup 0: this thread's tokens
+  const int hc = 2 * c;  // this thread's heads: 8 jn + hc + e, index q = 2 jn + e
+  const int S = a.num_splits;
+  const int* slot_s = reinterpret_cast<const int*>(smem + L::slot);
+  const int* count_s = reinterpret_cast<const int*>(smem + L::count);
+  float* xcol = reinterpret_cast<float*>(smem + L::xrow);  // as in narrow_consumers
+  float* alpha_s = xcol + 4 * kNarrowHeads;
+  float* lsum_s = alpha_s + 2 * kNarrowHeads;
+  // fold: qinv[16] (load_q_fp8), the warps' scale exponents [4][4], the rescale factors by tile
+  // parity [2][4], the state's factors 2^(sigma_g - 127) [4].
+  float* qinv_s = reinterpret_cast<float*>(smem + L::fold);
+  int* sexp_s = reinterpret_cast<int*>(qinv_s + kNarrowHeads);
+  float* resc_s = reinterpret_cast<float*>(sexp_s + 16);
+  float* fin_s = resc_s + 2 * kGroups;
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
+  std::uint64_t* empty = full + 4;
+  std::uint64_t* q_full = full + 3;
+  std::uint64_t* pt_full = full + 8;
+  std::uint64_t* pt_empty = full + 10;
+  const std::uint32_t qa = smem_u32(smem + L::q);
+  auto head_of = [&](int q) { return 8 * (q >> 1) + hc + (q & 1); };
+  auto elem_of = [](int q) { return 4 * (q >> 1) + (q & 1); };  // acc[e]: row r0, acc[e + 2]: r1
+  // P_g^T of tile parity b: 16 heads x 64 tokens.
+  auto pt_block = [&](int b, int grp) { return smem + L::p + (b * kGroups + grp) * kQBlock; };
+  // e4m3 codes in the low 16 bits of `two` as f16x2 (exact).
+  auto codes_f16x2 = [](std::uint32_t two) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
+    return std::uint32_t(h.x) | (std::uint32_t(h.y) << 16);
+  };
+
+  float m[4], l[4];  // warpgroup 0, per head q: running maximum (shared by the column), own sum
+  float qv[4];       // warpgroup 0: 2^-tau of its heads
+  int sigma[kGroups];  // warpgroup 0: largest scale exponent per group so far (biased)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    m[q] = kNegInf;
+    l[q] = 0.0f;
+    qv[q] = 0.0f;
+  }
+#pragma unroll
+  for (int grp = 0; grp < kGroups; ++grp) sigma[grp] = 0;
+  float o[8][8];  // warpgroup 1: O^T block mb, rows as above, heads as in elem_of
+#pragma unroll
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[mb][e] = 0.0f;
+
+  int n_done = 0;  // tiles computed
+  for (int i = 0;; ++i) {
+    const int st = i % R;
+    mbar_wait(&full[st], (i / R) & 1);
+    const int n_tile = count_s[i % kSlotBufs];
+    if (n_tile == 0) break;
+    const unsigned char* raw = smem + L::raw + std::size_t(st) * L::raw_bytes;
+    float* alpha = alpha_s + (i & 1) * kNarrowHeads;
+    float* resc = resc_s + (i & 1) * kGroups;
+
+    if (g == 0) {
+      if (i == 0) {
+        mbar_wait(q_full, 0);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) qv[q] = qinv_s[head_of(q)];
+      }
+      // --- S^T per group: acc[grp][4 jn + e] = (token r0, head 8 jn + hc + e), [+ 2]: r1.
+      const unsigned char* e0 = raw + r0 * kRawEntry;
+      const unsigned char* e1 = raw + r1 * kRawEntry;
+      const float4 sc0v = *reinterpret_cast<const float4*>(e0 + kScales);
+      const float4 sc1v = *reinterpret_cast<const float4*>(e1 + kScales);
+      const float sc0[4] = {sc0v.x, sc0v.y, sc0v.z, sc0v.w};
+      const float sc1[4] = {sc1v.x, sc1v.y, sc1v.z, sc1v.w};
+      float acc[kGroups][8], accr[8];
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        if (grp >= 2) wgmma_wait<1>();  // group grp - 2 has read its registers
+        std::uint32_t ak[kGroupSteps][4];
+#pragma unroll
+        for (int u = 0; u < kGroupSteps; ++u) {
+          const int ks = grp * kGroupSteps + u;
+          const std::uint32_t w0 = *reinterpret_cast<const std::uint32_t*>(e0 + 16 * ks + 4 * c);
+          const std::uint32_t w1 = *reinterpret_cast<const std::uint32_t*>(e1 + 16 * ks + 4 * c);
+          ak[u][0] = codes_f16x2(w0);
+          ak[u][1] = codes_f16x2(w1);
+          ak[u][2] = codes_f16x2(w0 >> 16);
+          ak[u][3] = codes_f16x2(w1 >> 16);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int u = 0; u < kGroupSteps; ++u) {
+          const int ks = grp * kGroupSteps + u;
+          wgmma_m64n16_rs<true>(
+              acc[grp], ak[u],
+              gmma_desc(qa + std::uint32_t((ks >> 2) * kQBlock + (ks & 3) * 32), 16, 1024),
+              u > 0);
+        }
+        wgmma_commit();
+      }
+      {
+        std::uint32_t ar[kRopeSteps][4];
+#pragma unroll
+        for (int u = 0; u < kRopeSteps; ++u) {
+          const uint2 x0 = *reinterpret_cast<const uint2*>(e0 + kRope + 32 * u + 8 * c);
+          const uint2 x1 = *reinterpret_cast<const uint2*>(e1 + kRope + 32 * u + 8 * c);
+          ar[u][0] = x0.x;
+          ar[u][1] = x1.x;
+          ar[u][2] = x0.y;
+          ar[u][3] = x1.y;
+        }
+        mbar_arrive(&empty[st]);  // this thread's reads of the stage are done
+        wgmma_fence();
+#pragma unroll
+        for (int u = 0; u < kRopeSteps; ++u) {
+          const int ks = kLatentSteps + u;
+          wgmma_m64n16_rs<false>(
+              accr, ar[u],
+              gmma_desc(qa + std::uint32_t((ks >> 2) * kQBlock + (ks & 3) * 32), 16, 1024),
+              u > 0);
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+
+      // --- The scores, then the online softmax per head as in narrow_consumers.
+      const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
+      const bool v0 = slots[r0] >= 0, v1 = slots[r1] >= 0;
+      float s[8];
+      float mx[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int e = elem_of(q);
+        const float n0 =
+            (acc[0][e] * sc0[0] + acc[1][e] * sc0[1]) + (acc[2][e] * sc0[2] + acc[3][e] * sc0[3]);
+        const float n1 = (acc[0][e + 2] * sc1[0] + acc[1][e + 2] * sc1[1]) +
+                         (acc[2][e + 2] * sc1[2] + acc[3][e + 2] * sc1[3]);
+        s[e] = v0 ? a.softmax_scale * (n0 * qv[q] + accr[e]) : kNegInf;
+        s[e + 2] = v1 ? a.softmax_scale * (n1 * qv[q] + accr[e + 2]) : kNegInf;
+        mx[q] = fmaxf(s[e], s[e + 2]);
+        mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 4));
+        mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 8));
+        mx[q] = fmaxf(mx[q], __shfl_xor_sync(kFullMask, mx[q], 16));
+      }
+      // The largest scale exponent per group over the tile's tokens (zero-filled entries: 0).
+      int ex[kGroups];
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        ex[grp] = max((__float_as_int(sc0[grp]) >> 23) & 0xFF, (__float_as_int(sc1[grp]) >> 23) & 0xFF);
+        ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 4));
+        ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 8));
+        ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 16));
+      }
+      if (lane < 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = mx[q];
+      }
+      if (lane == 0) {
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) sexp_s[wq * kGroups + grp] = ex[grp];
+      }
+      named_barrier(3, 128);  // warpgroup 0
+      if (i >= 2) mbar_wait(&pt_empty[i & 1], ((i - 2) >> 1) & 1);  // buffers i & 1 are free
+      // Scale factors of this thread's tokens for each group's weights: scale 2^(127 - sigma).
+      float f0[kGroups], f1[kGroups];
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        int sn = sigma[grp];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) sn = max(sn, sexp_s[w * kGroups + grp]);
+        sn = min(sn, 253);  // inf / NaN scales: their weights are not finite either way
+        const float up = __int_as_float((254 - sn) << 23);  // 2^(127 - sn)
+        f0[grp] = sc0[grp] * up;
+        f1[grp] = sc1[grp] * up;
+        if (wq == 0 && lane == 0) {
+          const int d = sigma[grp] - sn;  // <= 0
+          resc[grp] = d >= -126 ? pow2i(d) : 0.0f;
+        }
+        sigma[grp] = sn;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int h = head_of(q);
+        const int e = elem_of(q);
+        const float mn =
+            fmaxf(m[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
+                              fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
+        const float mu = mn == kNegInf ? 0.0f : mn;
+        const float al = expf(m[q] - mu);
+        const float p0 = expf(s[e] - mu);
+        const float p1 = expf(s[e + 2] - mu);
+        l[q] = l[q] * al + (p0 + p1);
+        m[q] = mn;
+        // P_g^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
+        const int o0 = h * 128 + (r0 & 7) * 2 + (((r0 >> 3) ^ (h & 7)) << 4);
+        const int o1 = h * 128 + (r1 & 7) * 2 + (((r1 >> 3) ^ (h & 7)) << 4);
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) {
+          unsigned char* pb = pt_block(i & 1, grp);
+          *reinterpret_cast<__half*>(pb + o0) = __float2half_rn(p0 * f0[grp]);
+          *reinterpret_cast<__half*>(pb + o1) = __float2half_rn(p1 * f1[grp]);
+        }
+        if (wq == 0 && lane < 4) alpha[h] = al;
+      }
+      fence_proxy_async();
+      mbar_arrive(&pt_full[i & 1]);  // P_g^T and the rescale factors of tile i are complete
+      // Every warp of warpgroup 0 has read xcol and sexp_s before any writes them again.
+      mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
+    } else {
+      // --- O^T = alpha r_g O^T + V^T P_g^T for all 512 value dims.
+      const int doff = 4 * (8 * wq + gq);  // this thread's 4 dims within each group
+      constexpr int kSteps = kTileTokens / 16;  // 4
+      std::uint32_t av[kSteps][8][4];
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        if (kk >= 2) wgmma_wait<1>();  // the products of k-step kk - 2 have read their registers
+        // Tokens of the fragment's columns 2c, 2c+1 (registers 0, 1) and 2c+8, 2c+9 (2, 3).
+        const unsigned char* ea = raw + (16 * kk + 2 * c) * kRawEntry + doff;
+        const unsigned char* eb = ea + kRawEntry;
+        const unsigned char* ec = ea + 8 * kRawEntry;
+        const unsigned char* ed = ea + 9 * kRawEntry;
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) {
+          const std::uint32_t wa = *reinterpret_cast<const std::uint32_t*>(ea + 128 * grp);
+          const std::uint32_t wb = *reinterpret_cast<const std::uint32_t*>(eb + 128 * grp);
+          const std::uint32_t wc = *reinterpret_cast<const std::uint32_t*>(ec + 128 * grp);
+          const std::uint32_t wd = *reinterpret_cast<const std::uint32_t*>(ed + 128 * grp);
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            // Dims 2b and 2b + 1 of the 4: {a: 2b, b-token: 2b, a: 2b+1, b-token: 2b+1}.
+            const std::uint32_t sel = b ? 0x7362u : 0x5140u;
+            const std::uint32_t ab = __byte_perm(wa, wb, sel);
+            const std::uint32_t cd = __byte_perm(wc, wd, sel);
+            av[kk][2 * grp + b][0] = codes_f16x2(ab);
+            av[kk][2 * grp + b][1] = codes_f16x2(ab >> 16);
+            av[kk][2 * grp + b][2] = codes_f16x2(cd);
+            av[kk][2 * grp + b][3] = codes_f16x2(cd >> 16);
+          }
+        }
+        if (kk == kSteps - 1) mbar_arrive(&empty[st]);  // this thread's reads are done
+        if (kk == 0) {
+          mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
+          float al[4], rg[kGroups];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
+#pragma unroll
+          for (int grp = 0; grp < kGroups; ++grp) rg[grp] = resc[grp];
+#pragma unroll
+          for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const float f = al[q] * rg[mb >> 1];
+              o[mb][elem_of(q)] *= f;
+              o[mb][elem_of(q) + 2] *= f;
+            }
+          }
+          // The rescaling completes before the products (see narrow_consumers).
+#pragma unroll
+          for (int mb = 0; mb < 8; ++mb) fence_registers(o[mb]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb)
+          wgmma_m64n16_rs<true>(o[mb], av[kk][mb],
+                                gmma_desc(smem_u32(pt_block(i & 1, mb >> 1)) + kk * 32, 16, 1024),
+                                1);
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      mbar_arrive(&pt_empty[i & 1]);
+    }
+    n_done = i + 1;
+  }
+
+  // --- The state, as in narrow_consumers: warpgroup 0 reduces the row sums and hands them over
+  // with the groups' factors 2^(sigma_g - 127) as tile n_done; warpgroup 1 writes
+  // o = acc 2^(sigma_g - 127) / l, warpgroup 0 lse = m + log(l).
+  const int b_end = n_done & 1;
+  if (g == 0) {
+    if (n_done >= 2) mbar_wait(&pt_empty[b_end], ((n_done - 2) >> 1) & 1);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
+      l[q] += __shfl_xor_sync(kFullMask, l[q], 8);
+      l[q] += __shfl_xor_sync(kFullMask, l[q], 16);
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = l[q];
+    }
+    named_barrier(3, 128);
+    if (wq == 0 && lane < 4) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int h = head_of(q);
+        lsum_s[h] = (xcol[h] + xcol[kNarrowHeads + h]) +
+                    (xcol[2 * kNarrowHeads + h] + xcol[3 * kNarrowHeads + h]);
+      }
+    }
+    if (wq == 0 && lane == 0) {
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) fin_s[grp] = ldexpf(1.0f, sigma[grp] - 127);
+    }
+    mbar_arrive(&pt_full[b_end]);
+  }
+  mbar_wait(&pt_full[b_end], (n_done >> 1) & 1);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int h = head_of(q);  // one head block: h0 = 0
+    if (h >= a.heads) continue;
+    const float lq = lsum_s[h];
+    const bool empty_state = lq == 0.0f;
+    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+    if (g == 1) {
+      const int e = elem_of(q);
+      const int doff = 4 * (8 * wq + gq);
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        const float f = fin_s[grp];
+        float v[4];
+        v[0] = empty_state ? 0.0f : o[2 * grp][e] * f / lq;
+        v[1] = empty_state ? 0.0f : o[2 * grp][e + 2] * f / lq;
+        v[2] = empty_state ? 0.0f : o[2 * grp + 1][e] * f / lq;
+        v[3] = empty_state ? 0.0f : o[2 * grp + 1][e + 2] * f / lq;
+        const int d = 128 * grp + doff;
+        if (S > 1) {
+          *reinterpret_cast<float4*>(a.scratch_o + state * kMlaVDim + d) =
+              make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) a.o(t, std::int64_t(h), std::int64_t(d + k)) = v[k];
+        }
+      }
+    } else if (wq == 0 && lane < 4) {
+      const float lse = empty_state ? kNegInf : m[q] + logf(lq);
+      if (S > 1)
+        a.scratch_lse[state] = lse;
+      else
+        a.lse(t, std::int64_t(h)) = lse;
+    }
+  }
+}
+
 /// One (row, split, head block) partial state; see the section comment. 1-D grid, head block
 /// fastest (the CTAs reading the same tiles run side by side), then split, then row.
 ///
@@ -1424,21 +1952,24 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 ///         of mbarriers per stage: `full` (the producer's 128 threads arrive once a tile's bytes
 ///         are in place and fenced for the tensor cores) and `empty` (the consumers' 256 threads
 ///         arrive once their products have read the stage).
-///   fp8:  one K/V stage (two bf16 stages, the query block and a raw stage do not fit in 227 KiB)
-///         and one raw stage; the raw entries of tile i + 1 are copied while tile i is computed.
+///   fp8 (64 heads per CTA): one K/V stage (two bf16 stages, the query block and a raw stage do
+///         not fit in 227 KiB) and one raw stage; the raw entries of tile i + 1 are copied while
+///         tile i is computed.
 ///         Between tiles all 384 threads dequantize the raw stage into the K/V stage, between two
 ///         CTA-wide hand-overs (cta_handover, mbarriers): `tile_begin` (the consumers' products
 ///         of tile i - 1 are done, the raw entries of tile i have landed and its count is
 ///         published) and `tile_ready` (the stage is complete and fenced; the raw stage is free).
 ///         Sharing the conversion with the consumers, who would otherwise wait for it, makes it
 ///         three times as wide as the producer warpgroup alone.
+///   fp8 (narrow): three raw stages handed over by full / empty mbarriers, the full arrival made
+///         by the copies themselves (cp.async.mbarrier.arrive); see narrow_fp8_consumers.
 template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(kThreads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
   constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
   constexpr bool kRawPath = kFp8 && is_plain_strided_v<CacheView>;
   using L = Smem<kFp8, kRows>;
-  static_assert(L::raw_stages + 2 <= kSlotBufs,
+  static_assert(L::raw_stages + (L::reg_a ? 1 : 2) <= kSlotBufs,
                 "dcpattn: a slot buffer per tile being computed, in flight or being gathered");
   constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
 
@@ -1452,7 +1983,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* ring_s = reinterpret_cast<int*>(smem + L::ring);
   int* wsum_s = reinterpret_cast<int*>(smem + L::wsum);
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
-  std::uint64_t* empty = full + 2;
+  std::uint64_t* empty = full + 4;
   auto stage = [&](int st) { return smem + L::k + std::size_t(st) * kTile; };
 
   const int tid = int(threadIdx.x);
@@ -1479,19 +2010,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (tid == 0) {
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && !L::reg_a) {
       mbar_init(&full[0], kThreads);   // tile_begin: the raw entries and count of tile i are in
       mbar_init(&empty[0], kThreads);  // tile_ready: the K/V stage holds tile i; raw_s is free
     } else {
-      for (int st = 0; st < L::stages; ++st) {
+      for (int st = 0; st < (L::reg_a ? L::raw_stages : L::stages); ++st) {
         mbar_init(&full[st], kProducers);
         mbar_init(&empty[st], kConsumers);
       }
+      if constexpr (L::reg_a) mbar_init(&full[3], kProducers);  // q_full: the query block is in
     }
     if constexpr (kRows == kNarrowHeads) {
       for (int b = 0; b < 2; ++b) {
-        mbar_init(&full[4 + b], kConsumers / 2);  // pt_full: warpgroup 0 wrote P^T buffer b
-        mbar_init(&full[6 + b], kConsumers / 2);  // pt_empty: warpgroup 1 is done with it
+        mbar_init(&full[8 + b], kConsumers / 2);   // pt_full: warpgroup 0 wrote P^T buffer b
+        mbar_init(&full[10 + b], kConsumers / 2);  // pt_empty: warpgroup 1 is done with it
       }
     }
   }
@@ -1578,8 +2110,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool any_work = kSparse ? list > 0 : n > 0;
     int n_cur = any_work ? next_tile(0) : 0;
     if (!any_work && ptid == 0) count_s[0] = 0;
-    if (n_cur > 0) load_q<kRows>(a.q, t, h0, a.heads, q_s, ptid);
-    if constexpr (!kFp8) {
+    if constexpr (!L::reg_a) {
+      if (n_cur > 0) load_q<kRows>(a.q, t, h0, a.heads, q_s, ptid);
+    }
+    if constexpr (L::reg_a) {
+      // R raw stages handed over like the bf16 stages (full / empty by stage), with the full
+      // arrival made by the copies themselves (cp.async.mbarrier.arrive): tile k is published as
+      // soon as its bytes land, whatever the producer waits on meanwhile. Tiles 0 .. R - 1 are
+      // copied at once; tile k >= R goes to the stage of tile k - R once both warpgroups have
+      // read that tile, and its slots to slot buffer k mod 4, that of tile k - 4, which the
+      // consumers are done with by then. The query block has its own barrier (q_full).
+      constexpr int R = L::raw_stages;
+      std::uint64_t* q_full = full + 3;
+      auto load_raw = [&](int k) {
+        const int* slots = slot_s + (k % kSlotBufs) * kTileTokens;
+        unsigned char* dst = raw_s + std::size_t(k % R) * L::raw_bytes;
+        if constexpr (kRawPath) {
+          if (a.cache_vector) {
+            load_tile_raw(a.cache, slots, dst, ptid);
+            cp_async_commit();
+            cp_async_mbar_arrive(&full[k % R]);
+            return;
+          }
+        }
+        load_tile_raw_bytes(a.cache, slots, dst, ptid);
+        cp_async_commit();  // an empty group: one group per tile on both paths
+        mbar_arrive(&full[k % R]);
+      };
+      if (n_cur > 0) {
+        load_q_fp8(a.q, t, h0, a.heads, q_s, reinterpret_cast<float*>(smem + L::fold), ptid);
+        cp_async_commit();
+      }
+      int n_k = n_cur;  // token count of tile k (0: the end marker)
+      for (int k = 0;; ++k) {
+        if (k >= R) mbar_wait(&empty[k % R], (k / R - 1) & 1);  // tile k - R was read
+        if (k > 0) n_k = n_k > 0 ? next_tile(k % kSlotBufs) : 0;
+        if (n_k == 0) {
+          mbar_arrive(&full[k % R]);  // the end marker: the consumers read the count 0 and stop
+          break;
+        }
+        load_raw(k);
+        if (k == 0) {
+          cp_async_wait<1>();  // the query block (tile 0 may still be in flight)
+          fence_proxy_async();
+          mbar_arrive(q_full);
+        }
+      }
+    } else if constexpr (!kFp8) {
       if (n_cur > 0) load_tile_direct(a.cache, a.cache_vector, slot_s, stage(0), ptid);
       cp_async_commit();
       for (int i = 0;; ++i) {
@@ -1643,8 +2220,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(DCPATTN_MLA_WGMMA)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 #endif
-  if constexpr (kRows == kNarrowHeads) {
-    narrow_consumers<kFp8, kRawPath>(a, smem, t, j);
+  if constexpr (L::reg_a) {
+    narrow_fp8_consumers<kSparse>(a, smem, t, j);
+  } else if constexpr (kRows == kNarrowHeads) {
+    narrow_consumers(a, smem, t, j);
   } else {
     const int g = warp >> 2;  // warpgroup: tokens [32 g, +32) of S, value dims [256 g, +256) of O
     const int wq = warp & 3;  // warp in the warpgroup: head rows [16 wq, +16)
