@@ -1199,6 +1199,22 @@ DCPATTN_DEVICE void load_tile_raw(const CacheView& cache, const int* slot_s, uns
   }
 }
 
+/// The four e4m3 codes of w (low byte first) as two f16x2 values, exactly (every e4m3 value is
+/// an f16 value): lo = codes 0, 1 and hi = codes 2, 3; one conversion instruction each.
+DCPATTN_DEVICE void e4m3x4_to_f16x2x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w & 0xffffu), __NV_E4M3);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> 16), __NV_E4M3);
+  lo = std::uint32_t(a.x) | (std::uint32_t(a.y) << 16);
+  hi = std::uint32_t(b.x) | (std::uint32_t(b.y) << 16);
+#endif
+}
+
 /// Bits of query element (t, h, d) (bf16; float views rounded).
 DCPATTN_DEVICE std::uint16_t q_bits(const QDesc& q, std::int64_t t, int h, int d) {
   return q.data[t * q.st + (h / q.hl) * q.sr + (h % q.hl) * q.sh + std::int64_t(d) * q.sd].bits;
@@ -1626,12 +1642,15 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   auto elem_of = [](int q) { return 4 * (q >> 1) + (q & 1); };  // acc[e]: row r0, acc[e + 2]: r1
   // P_g^T of tile parity b: 16 heads x 64 tokens.
   auto pt_block = [&](int b, int grp) { return smem + L::p + (b * kGroups + grp) * kQBlock; };
-  // e4m3 codes in the low 16 bits of `two` as f16x2 (exact).
-  auto codes_f16x2 = [](std::uint32_t two) {
-    const __half2_raw h =
-        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
-    return std::uint32_t(h.x) | (std::uint32_t(h.y) << 16);
+  // Descriptors of the query block and of the P_g^T blocks: a column offset is added to the
+  // start address field (bits 0..13, address / 16), computed once.
+  // The start address field cannot carry: shared addresses are below 256 KiB.
+  const std::uint64_t q_desc = gmma_desc(qa, 16, 1024);
+  const std::uint64_t p_desc = gmma_desc(smem_u32(smem + L::p), 16, 1024);
+  auto desc_plus = [](std::uint64_t d, int bytes) {
+    return (d & 0xFFFFFFFF00000000ull) | std::uint32_t(std::uint32_t(d) + std::uint32_t(bytes >> 4));
   };
+  auto q_desc_at = [&](int ks) { return desc_plus(q_desc, (ks >> 2) * kQBlock + (ks & 3) * 32); };
 
   float m[4], l[4];  // warpgroup 0, per head q: running maximum (shared by the column), own sum
   float qv[4];       // warpgroup 0: 2^-tau of its heads
@@ -1683,19 +1702,14 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
           const int ks = grp * kGroupSteps + u;
           const std::uint32_t w0 = *reinterpret_cast<const std::uint32_t*>(e0 + 16 * ks + 4 * c);
           const std::uint32_t w1 = *reinterpret_cast<const std::uint32_t*>(e1 + 16 * ks + 4 * c);
-          ak[u][0] = codes_f16x2(w0);
-          ak[u][1] = codes_f16x2(w1);
-          ak[u][2] = codes_f16x2(w0 >> 16);
-          ak[u][3] = codes_f16x2(w1 >> 16);
+          e4m3x4_to_f16x2x2(w0, ak[u][0], ak[u][2]);
+          e4m3x4_to_f16x2x2(w1, ak[u][1], ak[u][3]);
         }
         wgmma_fence();
 #pragma unroll
         for (int u = 0; u < kGroupSteps; ++u) {
           const int ks = grp * kGroupSteps + u;
-          wgmma_m64n16_rs<true>(
-              acc[grp], ak[u],
-              gmma_desc(qa + std::uint32_t((ks >> 2) * kQBlock + (ks & 3) * 32), 16, 1024),
-              u > 0);
+          wgmma_m64n16_rs<true>(acc[grp], ak[u], q_desc_at(ks), u > 0);
         }
         wgmma_commit();
       }
@@ -1715,10 +1729,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 #pragma unroll
         for (int u = 0; u < kRopeSteps; ++u) {
           const int ks = kLatentSteps + u;
-          wgmma_m64n16_rs<false>(
-              accr, ar[u],
-              gmma_desc(qa + std::uint32_t((ks >> 2) * kQBlock + (ks & 3) * 32), 16, 1024),
-              u > 0);
+          wgmma_m64n16_rs<false>(accr, ar[u], q_desc_at(ks), u > 0);
         }
         wgmma_commit();
       }
@@ -1832,10 +1843,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
             const std::uint32_t sel = b ? 0x7362u : 0x5140u;
             const std::uint32_t ab = __byte_perm(wa, wb, sel);
             const std::uint32_t cd = __byte_perm(wc, wd, sel);
-            av[kk][2 * grp + b][0] = codes_f16x2(ab);
-            av[kk][2 * grp + b][1] = codes_f16x2(ab >> 16);
-            av[kk][2 * grp + b][2] = codes_f16x2(cd);
-            av[kk][2 * grp + b][3] = codes_f16x2(cd >> 16);
+            e4m3x4_to_f16x2x2(ab, av[kk][2 * grp + b][0], av[kk][2 * grp + b][1]);
+            e4m3x4_to_f16x2x2(cd, av[kk][2 * grp + b][2], av[kk][2 * grp + b][3]);
           }
         }
         if (kk == kSteps - 1) mbar_arrive(&empty[st]);  // this thread's reads are done
@@ -1861,10 +1870,10 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
         }
         wgmma_fence();
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb)
-          wgmma_m64n16_rs<true>(o[mb], av[kk][mb],
-                                gmma_desc(smem_u32(pt_block(i & 1, mb >> 1)) + kk * 32, 16, 1024),
-                                1);
+        for (int mb = 0; mb < 8; ++mb) {
+          const int off = ((i & 1) * kGroups + (mb >> 1)) * kQBlock + kk * 32;  // P_g^T block
+          wgmma_m64n16_rs<true>(o[mb], av[kk][mb], desc_plus(p_desc, off), 1);
+        }
         wgmma_commit();
       }
       wgmma_wait<0>();
