@@ -1227,12 +1227,23 @@ DCPATTN_DEVICE std::uint16_t q_bits(const GenericQ<QView>& q, std::int64_t t, in
 /// The column of query dim d in the narrow fp8 kernel's query block (kperm_column): within each
 /// 16-dim k-step, the 4 dims [4 c, 4 c + 4) a thread reads from a cache entry with one 32-bit load
 /// are the fragment columns {2 c, 2 c + 1, 2 c + 8, 2 c + 9} that lane c % 4 of the register
-/// A operand holds (wgmma_m64n16_rs). A dot product does not depend on the order of its terms,
-/// so permuting the columns of Q and K alike leaves S^T = K Q^T unchanged.
+/// A operand holds (wgmma_m64n16_rs). Permuting the columns of Q and K alike gives the same
+/// products; the order in which the tensor cores sum a k-step's 16 products is theirs either way.
 DCPATTN_HOST_DEVICE constexpr int kperm_column(int d) {
   const int w = d % 16, c = w / 4, e = w % 4;
   return d - w + (e < 2 ? 2 * c + e : 2 * c + 6 + e);
 }
+/// kperm_column is a permutation of each 16-dim k-step that keeps pairs (2 i, 2 i + 1) together.
+constexpr bool kperm_column_is_valid() {
+  for (int d = 0; d < 16; ++d) {
+    int hits = 0;
+    for (int x = 0; x < 16; ++x) hits += kperm_column(x) == d;
+    if (hits != 1 || kperm_column(d + 16) != kperm_column(d) + 16) return false;
+    if (d % 2 == 0 && kperm_column(d + 1) != kperm_column(d) + 1) return false;
+  }
+  return true;
+}
+static_assert(kperm_column_is_valid(), "dcpattn: kperm_column must permute each k-step");
 
 inline constexpr int kDsLatent = DsMlaFp8Entry::latent_dim;  // 512
 
@@ -1252,8 +1263,8 @@ DCPATTN_DEVICE float pow2i(int e) {
 /// Producer warp w fills heads [4 w, 4 w + 4): lane l reads latent dims [16 l, 16 l + 16) and
 /// RoPE dims 512 + 2 l, + 1 of each.
 template <class QSrc>
-DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads,
-                               unsigned char* q_s, float* qinv, int ptid) {
+DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
+                               float* qinv, int ptid) {
   const int lane = ptid & 31, w = ptid >> 5;
 #pragma unroll 1
   for (int r = 4 * w; r < 4 * w + 4; ++r) {
@@ -1284,8 +1295,8 @@ DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads,
     const int d = kDsLatent + 2 * lane;
     const int col = kperm_column(d);
     const std::uint32_t rope = live ? pack_bf16(q_bits(q, t, h, d), q_bits(q, t, h, d + 1)) : 0u;
-    *reinterpret_cast<std::uint32_t*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) +
-                                      (col % 8) * 2) = rope;
+    *reinterpret_cast<std::uint32_t*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) + (col % 8) * 2) =
+        rope;
     if (lane == 0) qinv[r] = pow2i(-tau);
   }
 }
@@ -1608,10 +1619,10 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   constexpr int kQBlock = kNarrowHeads * 128;  // one 64-dim column block of the query, or P^T
   constexpr int kScales = DsMlaFp8Entry::scales_offset;
   constexpr int kRope = DsMlaFp8Entry::rope_offset;
-  constexpr int kGroups = DsMlaFp8Entry::num_groups;                // 4
-  constexpr int kGroupSteps = DsMlaFp8Entry::group_size / 16;       // 8 k-steps per group
-  constexpr int kRopeSteps = DsMlaFp8Entry::rope_dim / 16;          // 4
-  constexpr int kLatentSteps = DsMlaFp8Entry::latent_dim / 16;      // 32
+  constexpr int kGroups = DsMlaFp8Entry::num_groups;            // 4
+  constexpr int kGroupSteps = DsMlaFp8Entry::group_size / 16;   // 8 k-steps per group
+  constexpr int kRopeSteps = DsMlaFp8Entry::rope_dim / 16;      // 4
+  constexpr int kLatentSteps = DsMlaFp8Entry::latent_dim / 16;  // 32
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -1648,12 +1659,13 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   const std::uint64_t q_desc = gmma_desc(qa, 16, 1024);
   const std::uint64_t p_desc = gmma_desc(smem_u32(smem + L::p), 16, 1024);
   auto desc_plus = [](std::uint64_t d, int bytes) {
-    return (d & 0xFFFFFFFF00000000ull) | std::uint32_t(std::uint32_t(d) + std::uint32_t(bytes >> 4));
+    return (d & 0xFFFFFFFF00000000ull) |
+           std::uint32_t(std::uint32_t(d) + std::uint32_t(bytes >> 4));
   };
   auto q_desc_at = [&](int ks) { return desc_plus(q_desc, (ks >> 2) * kQBlock + (ks & 3) * 32); };
 
-  float m[4], l[4];  // warpgroup 0, per head q: running maximum (shared by the column), own sum
-  float qv[4];       // warpgroup 0: 2^-tau of its heads
+  float m[4], l[4];    // warpgroup 0, per head q: running maximum (shared by the column), own sum
+  float qv[4];         // warpgroup 0: 2^-tau of its heads
   int sigma[kGroups];  // warpgroup 0: largest scale exponent per group so far (biased)
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -1758,7 +1770,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
       int ex[kGroups];
 #pragma unroll
       for (int grp = 0; grp < kGroups; ++grp) {
-        ex[grp] = max((__float_as_int(sc0[grp]) >> 23) & 0xFF, (__float_as_int(sc1[grp]) >> 23) & 0xFF);
+        ex[grp] =
+            max((__float_as_int(sc0[grp]) >> 23) & 0xFF, (__float_as_int(sc1[grp]) >> 23) & 0xFF);
         ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 4));
         ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 8));
         ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 16));
@@ -1771,7 +1784,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 #pragma unroll
         for (int grp = 0; grp < kGroups; ++grp) sexp_s[wq * kGroups + grp] = ex[grp];
       }
-      named_barrier(3, 128);  // warpgroup 0
+      named_barrier(3, 128);                                        // warpgroup 0
       if (i >= 2) mbar_wait(&pt_empty[i & 1], ((i - 2) >> 1) & 1);  // buffers i & 1 are free
       // Scale factors of this thread's tokens for each group's weights: scale 2^(127 - sigma).
       float f0[kGroups], f1[kGroups];
@@ -1820,7 +1833,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
       mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
     } else {
       // --- O^T = alpha r_g O^T + V^T P_g^T for all 512 value dims.
-      const int doff = 4 * (8 * wq + gq);  // this thread's 4 dims within each group
+      const int doff = 4 * (8 * wq + gq);       // this thread's 4 dims within each group
       constexpr int kSteps = kTileTokens / 16;  // 4
       std::uint32_t av[kSteps][8][4];
 #pragma unroll
