@@ -947,12 +947,6 @@ DCPATTN_DEVICE void cp_async_16z(std::uint32_t dst, const void* src, bool valid)
                "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
                : "memory");
 }
-/// cp.async of 4 bytes.
-DCPATTN_DEVICE void cp_async_4(std::uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst),
-               "l"(__cvta_generic_to_global(src))
-               : "memory");
-}
 DCPATTN_DEVICE void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -2173,7 +2167,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         load_raw(k);
         if (k == 0) {
-          cp_async_wait<1>();  // the query block (tile 0 may still be in flight)
+          // The query block (ordinary stores, and an empty cp.async group before tile 0's) is
+          // complete: fence it for the tensor cores and publish it.
+          cp_async_wait<1>();
           fence_proxy_async();
           mbar_arrive(q_full);
         }
