@@ -1352,6 +1352,51 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
   }
 }
 
+/// Warpgroup 0 of the narrow kernels, head h, once the 4 warps' column maxima are in xcol: the
+/// running maximum m, the factor al of the previous state, the weights p0, p1 of the thread's two
+/// tokens and its share l of the row sum. Branch-free as in the wide kernel: while nothing is
+/// valid the maximum used is 0, so no -inf - -inf arises.
+DCPATTN_DEVICE void narrow_softmax(const float* xcol, int h, float s0, float s1, float& m,
+                                   float& l, float& al, float& p0, float& p1) {
+  constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
+  const float mn =
+      fmaxf(m, fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
+                     fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
+  const float mu = mn == kNegInf ? 0.0f : mn;
+  al = expf(m - mu);
+  p0 = expf(s0 - mu);
+  p1 = expf(s1 - mu);
+  l = l * al + (p0 + p1);
+  m = mn;
+}
+
+/// Warpgroup 0 of the narrow kernels at the end of a split: each head's row sum over the lanes of
+/// a column (xor 4, 8, 16), then over the 4 warps in order, to lsum_s[head] (xcol reused). Lane l
+/// holds heads 8 (q / 2) + 2 (l mod 4) + (q mod 2), q = 0..3.
+DCPATTN_DEVICE void narrow_row_sums(float (&l)[4], float* xcol, float* lsum_s, int wq, int lane) {
+  const int hc = 2 * (lane & 3);
+  auto head_of = [&](int q) { return 8 * (q >> 1) + hc + (q & 1); };
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
+    l[q] += __shfl_xor_sync(kFullMask, l[q], 8);
+    l[q] += __shfl_xor_sync(kFullMask, l[q], 16);
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = l[q];
+  }
+  named_barrier(3, 128);
+  if (wq == 0 && lane < 4) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int h = head_of(q);
+      lsum_s[h] = (xcol[h] + xcol[kNarrowHeads + h]) +
+                  (xcol[2 * kNarrowHeads + h] + xcol[3 * kNarrowHeads + h]);
+    }
+  }
+}
+
 /// The consumers of mla_wg_kernel at H <= 16 (kNarrowHeads heads per CTA): the transposed
 /// products, with the tile's 64 tokens as the wgmma M and the heads as N, so that no padded head
 /// row is computed (at 16 heads the wide kernel computes 64 head rows, four times the work).
@@ -1460,16 +1505,8 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
       for (int q = 0; q < 4; ++q) {
         const int h = head_of(q);
         const int e = elem_of(q);
-        const float mn =
-            fmaxf(m[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
-                              fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
-        // Branch-free as in the wide kernel: while nothing is valid the maximum used is 0.
-        const float mu = mn == kNegInf ? 0.0f : mn;
-        al[q] = expf(m[q] - mu);
-        const float p0 = expf(s[e] - mu);
-        const float p1 = expf(s[e + 2] - mu);
-        l[q] = l[q] * al[q] + (p0 + p1);
-        m[q] = mn;
+        float p0, p1;
+        narrow_softmax(xcol, h, s[e], s[e + 2], m[q], l[q], al[q], p0, p1);
         // P^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
         unsigned char* row = pt_s + h * 128 + (r0 & 7) * 2;
         *reinterpret_cast<std::uint16_t*>(row + (((r0 >> 3) ^ (h & 7)) << 4)) =
@@ -1525,25 +1562,7 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
   const int b_end = n_done & 1;
   if (g == 0) {
     if (n_done >= 2) mbar_wait(&pt_empty[b_end], ((n_done - 2) >> 1) & 1);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
-      l[q] += __shfl_xor_sync(kFullMask, l[q], 8);
-      l[q] += __shfl_xor_sync(kFullMask, l[q], 16);
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = l[q];
-    }
-    named_barrier(3, 128);
-    if (wq == 0 && lane < 4) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int h = head_of(q);
-        lsum_s[h] = (xcol[h] + xcol[kNarrowHeads + h]) +
-                    (xcol[2 * kNarrowHeads + h] + xcol[3 * kNarrowHeads + h]);
-      }
-    }
+    narrow_row_sums(l, xcol, lsum_s, wq, lane);
     mbar_arrive(&pt_full[b_end]);
   }
   mbar_wait(&pt_full[b_end], (n_done >> 1) & 1);
@@ -1801,15 +1820,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
       for (int q = 0; q < 4; ++q) {
         const int h = head_of(q);
         const int e = elem_of(q);
-        const float mn =
-            fmaxf(m[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
-                              fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
-        const float mu = mn == kNegInf ? 0.0f : mn;
-        const float al = expf(m[q] - mu);
-        const float p0 = expf(s[e] - mu);
-        const float p1 = expf(s[e + 2] - mu);
-        l[q] = l[q] * al + (p0 + p1);
-        m[q] = mn;
+        float al, p0, p1;
+        narrow_softmax(xcol, h, s[e], s[e + 2], m[q], l[q], al, p0, p1);
         // P_g^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
         const int o0 = h * 128 + (r0 & 7) * 2 + (((r0 >> 3) ^ (h & 7)) << 4);
         const int o1 = h * 128 + (r1 & 7) * 2 + (((r1 >> 3) ^ (h & 7)) << 4);
@@ -1895,25 +1907,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   const int b_end = n_done & 1;
   if (g == 0) {
     if (n_done >= 2) mbar_wait(&pt_empty[b_end], ((n_done - 2) >> 1) & 1);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      l[q] += __shfl_xor_sync(kFullMask, l[q], 4);
-      l[q] += __shfl_xor_sync(kFullMask, l[q], 8);
-      l[q] += __shfl_xor_sync(kFullMask, l[q], 16);
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = l[q];
-    }
-    named_barrier(3, 128);
-    if (wq == 0 && lane < 4) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int h = head_of(q);
-        lsum_s[h] = (xcol[h] + xcol[kNarrowHeads + h]) +
-                    (xcol[2 * kNarrowHeads + h] + xcol[3 * kNarrowHeads + h]);
-      }
-    }
+    narrow_row_sums(l, xcol, lsum_s, wq, lane);
     if (wq == 0 && lane == 0) {
 #pragma unroll
       for (int grp = 0; grp < kGroups; ++grp) fin_s[grp] = ldexpf(1.0f, sigma[grp] - 127);
