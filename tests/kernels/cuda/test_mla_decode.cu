@@ -789,6 +789,75 @@ TEST_CASE("CUDA dense MLA decode matches the host kernel and double-precision at
   }
 }
 
+// The narrow fp8 kernel applies the group scales outside its products: in fp32 to the scores,
+// and folded into f16 weights with a running largest scale exponent per group, whose growth
+// rescales the accumulated values. Uniform keys give every token the same scale exponent, so this
+// case spreads them: the latent groups of token t are scaled by 2^(t / 64 mod 9 - 6 + g - 2)
+// (growing from tile to tile within a split, and different per group), every 7th token's group 3
+// by 2^-20 more (weights below f16's normal range), every 11th token's group 1 is zero (scale 0);
+// the query heads' latent parts are scaled by 2^(h mod 5 - 2) (a different f16 factor per head).
+TEST_CASE("CUDA dense fp8 MLA decode with scales and query magnitudes over many octaves",
+          "[cuda][mla][dense][fp8]") {
+  if (!dcpattn::cuda_kernels::detail::mla::use_wgmma_kernel()) {
+    // The mma.sync kernel (8.x) rounds each key to bf16: its score errors grow with these
+    // magnitudes beyond the tolerances, and it has no folded scales to test.
+    std::printf("  narrow fp8 kernel not used on this device: case not applicable\n");
+    return;
+  }
+  std::mt19937_64 rng(20261130);
+  const std::vector<std::int64_t> lengths{1, 65, 700, 1000};
+  DenseCase dc = make_dense_case(lengths, 1, rng);
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    auto& toks = dc.batch.tokens[r];
+    for (std::int64_t t = 0; t < lengths[r]; ++t) {
+      for (int g = 0; g < 4; ++g) {
+        int e = int((t / 64) % 9) - 6 + g - 2;
+        if (g == 3 && t % 7 == 0) e -= 20;
+        for (int d = 128 * g; d < 128 * g + 128; ++d) {
+          bfloat16& x = toks[std::size_t(t * kQk + d)];
+          x = bfloat16::from_float(g == 1 && t % 11 == 0 ? 0.0f : std::ldexp(x.to_float(), e));
+        }
+      }
+    }
+  }
+  const std::int64_t T = std::int64_t(dc.rows.request.size());
+  const DeviceRows drows(dc.rows);
+  std::vector<std::int64_t> local_length = dc.rows.bound;
+  const DeviceBuffer<std::int64_t> dlen(local_length);
+  Stats vs_host, vs_ref;
+  for (std::int64_t H : {1, 16}) {
+    Queries q = make_queries(T, H, dc.rows.num_valid, QLayout::row_major, rng());
+    for (std::int64_t t = 0; t < dc.rows.num_valid; ++t)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (int d = 0; d < 512; ++d) {
+          bfloat16& x = q.data[q.index(t, h, d)];
+          x = bfloat16::from_float(std::ldexp(x.to_float(), int(h % 5) - 2));
+        }
+    q.device = DeviceBuffer<bfloat16>(q.data);
+    const RankCache c1 =
+        build_rank_cache(dc.batch, RoundRobinOwnership(1, 1), 0, 64, CacheFormat::fp8_ds_mla, rng);
+    const DeviceCache d1(c1);
+    std::vector<RefState> ref;
+    for (std::int64_t t = 0; t < dc.rows.num_valid; ++t) {
+      std::vector<std::int64_t> pos(static_cast<std::size_t>(dc.rows.bound[std::size_t(t)]));
+      std::iota(pos.begin(), pos.end(), 0);
+      ref.push_back(reference_row(c1, q, t, dc.rows.request[std::size_t(t)], pos));
+    }
+    for (int num_splits : {1, 2, 8}) {
+      CAPTURE(H, num_splits);
+      const MlaDecodeParams p = params(64, 1, num_splits, dc.rows.num_valid);
+      const Out g = gpu_dense(q, d1, drows, dlen, p);
+      const Out h = host_dense(q, c1, dc.rows, local_length, p);
+      compare_with_host(g, h, dc.rows.num_valid, vs_host);
+      for (std::int64_t t = 0; t < dc.rows.num_valid; ++t)
+        compare_with_reference(g, t, ref[std::size_t(t)], vs_ref);
+      check_padding(g, dc.rows.num_valid, vs_ref);
+    }
+  }
+  require_stats("dense fp8, spread scales vs host", vs_host, kTolO, kTolLseFp8);
+  require_stats("dense fp8, spread scales vs double", vs_ref, kTolO, kTolLseFp8);
+}
+
 TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision attention",
           "[cuda][mla][sparse]") {
   const bool mma_sync = GENERATE(false, true);
