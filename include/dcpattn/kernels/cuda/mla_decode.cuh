@@ -366,16 +366,24 @@ DCPATTN_DEVICE void load_kv_tile(const CacheView& cache, bool vector_path,
 
 /// Slot of local position `pos` of request `req`, or -1 when the page index is beyond the block
 /// table, the page id is negative or the slot is beyond the cache (the token is then skipped).
+/// In two steps, so that the block-table read can be issued ahead of its use: slot_page reads the
+/// page id (-1: no page), page_slot computes the slot from it.
+template <class Args>
+DCPATTN_DEVICE std::int64_t slot_page(const Args& a, std::int32_t req, std::int64_t pos) {
+  if (pos < 0) return -1;
+  const std::int64_t page_index = pos / a.page_size;
+  if (page_index >= a.block_table.extent(1)) return -1;
+  return a.block_table(std::int64_t(req), page_index);
+}
+template <class Args>
+DCPATTN_DEVICE std::int64_t page_slot(const Args& a, std::int64_t pos, std::int64_t page) {
+  if (pos < 0 || page < 0) return -1;
+  const std::int64_t slot = page * a.page_size + pos % a.page_size;
+  return slot < a.cache.extent(0) ? slot : -1;
+}
 template <class Args>
 DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::int64_t pos) {
-  if (pos < 0) return -1;
-  const std::int64_t b = a.page_size;
-  const std::int64_t page_index = pos / b;
-  if (page_index >= a.block_table.extent(1)) return -1;
-  const std::int64_t page = a.block_table(std::int64_t(req), page_index);
-  if (page < 0) return -1;
-  const std::int64_t slot = page * b + pos % b;
-  return slot < a.cache.extent(0) ? slot : -1;
+  return page_slot(a, pos, slot_page(a, req, pos));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -817,6 +825,16 @@ inline constexpr int kConsumerRegs = 224;
 static_assert(kProducerRegs * kProducers + kConsumerRegs * kConsumers <= kLaunchRegs * kThreads,
               "dcpattn: the setmaxnreg split must fit the CTA's launch register allocation");
 static_assert(kLaunchRegs * kThreads <= 65536, "dcpattn: the launch allocation must fit the SM");
+/// The narrow fp8 kernel (Smem::reg_a) runs four warpgroups: two compute the scores and the
+/// softmax of alternate tiles, one the values, one is the producer (narrow_fp8_consumers). Its
+/// launch allocation is 128 registers per thread (65536 / 512), split the same way.
+inline constexpr int kRegALaunchRegs = 128;
+inline constexpr int kRegAProducerRegs = 48;
+inline constexpr int kRegAScoreRegs = 152;
+inline constexpr int kRegAValueRegs = 160;
+static_assert(kRegAProducerRegs + 2 * kRegAScoreRegs + kRegAValueRegs <= 4 * kRegALaunchRegs &&
+                  kRegALaunchRegs * 512 <= 65536,
+              "dcpattn: the narrow fp8 kernel's setmaxnreg split must fit its launch allocation");
 static_assert(kRing >= kTileTokens + kGather && (kRing & (kRing - 1)) == 0,
               "dcpattn: the sparse ring must hold a tile plus one gather round");
 static_assert(kRawEntry % 16 == 0, "dcpattn: ds_mla entries are copied in 16-byte chunks");
@@ -833,7 +851,13 @@ struct Smem {
   static constexpr bool reg_a = kFp8 && kRows == kNarrowHeads;
   static constexpr int stages = kFp8 ? (reg_a ? 0 : 1) : 2;  // K/V stages (bf16 tiles)
   /// fp8: stages of raw entries.
-  static constexpr int raw_stages = kFp8 ? (reg_a ? 3 : 1) : 0;
+  static constexpr int raw_stages = kFp8 ? (reg_a ? 4 : 1) : 0;
+  /// Slot buffers (tiles whose slots are held); the narrow fp8 kernel holds more tiles at once.
+  static constexpr int slot_bufs = reg_a ? 8 : kSlotBufs;
+  /// Threads: the consumer warpgroups (three for reg_a: two for the scores, one for the values),
+  /// then the producer warpgroup.
+  static constexpr int consumers = reg_a ? 3 * 128 : kConsumers;
+  static constexpr int threads = consumers + kProducers;
   static constexpr std::size_t raw_bytes = std::size_t(kTileTokens) * kRawEntry;  // one stage
   static constexpr std::size_t q = 0;
   static constexpr std::size_t k = q + std::size_t(kDimBlocks) * kRows * 128;
@@ -843,16 +867,18 @@ struct Smem {
   /// and tile parity (narrow fp8).
   static constexpr int p_blocks = kRows == kHeads ? 1 : (reg_a ? 8 : 2);
   static constexpr std::size_t slot = p + std::size_t(p_blocks) * kRows * 128;  // int32 [4][64]
-  static constexpr std::size_t count = slot + kSlotBufs * kTileTokens * 4;      // int32 [4]
-  static constexpr std::size_t xrow = count + kSlotBufs * 4;                    // float [2][64]
+  static constexpr std::size_t count = slot + slot_bufs * kTileTokens * 4;      // int32 [bufs]
+  static constexpr std::size_t xrow = count + slot_bufs * 4;                    // float [2][64]
   static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                    // int32 [kRing]
   static constexpr std::size_t wsum = ring + kRing * 4;                         // int [4]
-  /// Narrow fp8: the query's per-head factors, the scale exponents and rescale factors
+  /// Narrow fp8: the query's per-head factors, the scale exponents, rescale factors, the chained
+  /// softmax state, the column maxima and row sums of the two score warpgroups
   /// (narrow_fp8_consumers).
   static constexpr std::size_t fold = wsum + 4 * 4;
-  // u64 full[4], empty[4] (by stage), then the narrow kernel's pt_full[2], pt_empty[2]
-  static constexpr std::size_t bar = fold + (reg_a ? 64 * 4 : 0);
-  static constexpr std::size_t bytes = bar + 12 * 8;
+  // u64 full[4], empty[4] (by stage), then the narrow kernel's pt_full[2], pt_empty[2], then the
+  // narrow fp8 kernel's q_full, chain_full[2], end_full
+  static constexpr std::size_t bar = fold + (reg_a ? 256 * 4 : 0);
+  static constexpr std::size_t bytes = bar + (reg_a ? 16 : 12) * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
   static_assert(bar % 8 == 0, "dcpattn: mbarriers must be 8-byte aligned");
   static_assert(bytes <= 232448, "dcpattn: over the 227 KiB shared-memory limit of sm_90");
@@ -1181,10 +1207,20 @@ DCPATTN_DEVICE void load_tile_raw(const CacheView& cache, const int* slot_s, uns
   const std::int64_t stride = cache.stride(0);
   const std::uint32_t raw_base = smem_u32(raw_s) + std::uint32_t(lane * 16);
   const bool second = lane + 32 < kChunks;
-#pragma unroll 4
+  // The warp's 16 slots, four per (broadcast) load, all read before the first copy.
+  int sl[kTileTokens / 4];
+#pragma unroll
+  for (int v = 0; v < kTileTokens / 16; ++v) {
+    const int4 x = reinterpret_cast<const int4*>(slot_s + w * (kTileTokens / 4))[v];
+    sl[4 * v] = x.x;
+    sl[4 * v + 1] = x.y;
+    sl[4 * v + 2] = x.z;
+    sl[4 * v + 3] = x.w;
+  }
+#pragma unroll
   for (int r = 0; r < kTileTokens / 4; ++r) {
     const int tok = w * (kTileTokens / 4) + r;
-    const int slot = slot_s[tok];
+    const int slot = sl[r];
     const bool valid = slot >= 0;
     const std::uint8_t* src = base + std::int64_t(valid ? slot : 0) * stride + lane * 16;
     const std::uint32_t dst = raw_base + std::uint32_t(tok * kRawEntry);
@@ -1373,7 +1409,8 @@ DCPATTN_DEVICE void narrow_softmax(const float* xcol, int h, float s0, float s1,
 /// Warpgroup 0 of the narrow kernels at the end of a split: each head's row sum over the lanes of
 /// a column (xor 4, 8, 16), then over the 4 warps in order, to lsum_s[head] (xcol reused). Lane l
 /// holds heads 8 (q / 2) + 2 (l mod 4) + (q mod 2), q = 0..3.
-DCPATTN_DEVICE void narrow_row_sums(float (&l)[4], float* xcol, float* lsum_s, int wq, int lane) {
+DCPATTN_DEVICE void narrow_row_sums(float (&l)[4], float* xcol, float* lsum_s, int wq, int lane,
+                                    int bar_id = 3) {
   const int hc = 2 * (lane & 3);
   auto head_of = [&](int q) { return 8 * (q >> 1) + hc + (q & 1); };
 #pragma unroll
@@ -1386,7 +1423,7 @@ DCPATTN_DEVICE void narrow_row_sums(float (&l)[4], float* xcol, float* lsum_s, i
 #pragma unroll
     for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = l[q];
   }
-  named_barrier(3, 128);
+  named_barrier(bar_id, 128);
   if (wq == 0 && lane < 4) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -1612,13 +1649,21 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 ///     exponent of group g so far (at most 2 before rounding, so within f16's range; a weight
 ///     below 2^-14 of it rounds to an f16 subnormal). When sigma_g grows, O^T's rows of group g
 ///     are rescaled by 2^(old - new), with the softmax's alpha; the state is O^T 2^(sigma_g - 127).
-///   - Warpgroup 0: the scores, the online softmax of narrow_consumers, and P_g^T for the 4
-///     groups (by tile parity) with the rescale factors, handed to warpgroup 1 by pt_full /
-///     pt_empty. Thread (warp w, lane 4 g + c) converts tokens 16 w + g and 16 w + g + 8: per
-///     16-dim k-step one 32-bit load of 4 codes of each token (dims [4 c, 4 c + 4), the columns
-///     kperm_column gives the query). One accumulator per group (8 k-steps each) and one for
-///     the RoPE dims, so no chain of dependent products is longer than 8.
-///   - Warpgroup 1: O^T for all 512 value dims, 8 blocks of 64 rows, block mb within group
+///   - Roles: warpgroups 0 and 1 compute the scores, the online softmax and P_g^T of the tiles of
+///     their parity (tile i: warpgroup i mod 2, P_g^T buffer i mod 2), warpgroup 2 computes O^T
+///     for every tile in order. The scores of two tiles are thus in progress at once, and the
+///     one step that must follow the tile order, the running maxima and scale exponents, is
+///     passed from tile i - 1 to tile i through shared memory (chain_full[i mod 2]): m_i =
+///     max(m_{i-1}, the tile's column maxima), sigma_i likewise. Each score warpgroup keeps its
+///     own per-thread row sums, rescaled to the maxima it last used; at the end both are
+///     rescaled to the final maxima, reduced, and added in warpgroup order. Which warpgroup
+///     computes a tile depends on the tile's index within the split only, so the state is a
+///     fixed function of the split's tokens, as DCP invariance requires.
+///   - Score warpgroup thread (warp w, lane 4 g + c) converts tokens 16 w + g and 16 w + g + 8:
+///     per 16-dim k-step one 32-bit load of 4 codes of each token (dims [4 c, 4 c + 4), the
+///     columns kperm_column gives the query). One accumulator per group (8 k-steps each) and
+///     one for the RoPE dims, so no chain of dependent products is longer than 8.
+///   - Warpgroup 2: O^T for all 512 value dims, 8 blocks of 64 rows, block mb within group
 ///     mb / 2: row r of block 2 G + b is latent dim 128 G + 4 (8 w + g) + 2 b + (r >= 8), so
 ///     thread (w, g, c) reads 4 consecutive codes of each group per token with one 32-bit load;
 ///     its tokens are the fragment's columns as they are (16 kk + 2 c + {0, 1, 8, 9}), and a byte
@@ -1628,6 +1673,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
                                          int j) {
   using L = Smem<true, kNarrowHeads>;
   constexpr int R = L::raw_stages;
+  constexpr int SB = L::slot_bufs;
   constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
   constexpr int kQBlock = kNarrowHeads * 128;  // one 64-dim column block of the query, or P^T
   constexpr int kScales = DsMlaFp8Entry::scales_offset;
@@ -1639,28 +1685,34 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int g = warp >> 2;  // warpgroup: 0 computes the scores and the softmax, 1 computes O^T
+  const int role = warp >> 2;  // 0, 1: scores and softmax of the tiles of that parity; 2: O^T
   const int wq = warp & 3;
   const int gq = lane >> 2, c = lane & 3;
-  const int r0 = 16 * wq + gq, r1 = r0 + 8;  // warpgroup 0: this thread's tokens
   const int hc = 2 * c;  // this thread's heads: 8 jn + hc + e, index q = 2 jn + e
   const int S = a.num_splits;
   const int* slot_s = reinterpret_cast<const int*>(smem + L::slot);
   const int* count_s = reinterpret_cast<const int*>(smem + L::count);
-  float* xcol = reinterpret_cast<float*>(smem + L::xrow);  // as in narrow_consumers
-  float* alpha_s = xcol + 4 * kNarrowHeads;
-  float* lsum_s = alpha_s + 2 * kNarrowHeads;
-  // fold: qinv[16] (load_q_fp8), the warps' scale exponents [4][4], the rescale factors by tile
-  // parity [2][4], the state's factors 2^(sigma_g - 127) [4].
-  float* qinv_s = reinterpret_cast<float*>(smem + L::fold);
-  int* sexp_s = reinterpret_cast<int*>(qinv_s + kNarrowHeads);
-  float* resc_s = reinterpret_cast<float*>(sexp_s + 16);
-  float* fin_s = resc_s + 2 * kGroups;
+  // xrow: 64 floats unused here, then the softmax's rescale factors by tile parity [2][16].
+  float* alpha_s = reinterpret_cast<float*>(smem + L::xrow) + 4 * kNarrowHeads;
+  // fold, 256 words: qinv[16] (load_q_fp8); the warps' scale exponents by score warpgroup
+  // [2][4][4]; by tile parity the groups' rescale factors [2][4], and the chained state: the
+  // largest scale exponents [2][4] and the running maxima [2][16]; by score warpgroup the row
+  // sums [2][16] and the column maxima [2][4][16].
+  float* fold = reinterpret_cast<float*>(smem + L::fold);
+  const float* qinv_s = fold;
+  int* sexp_all = reinterpret_cast<int*>(fold + 16);
+  float* resc_s = fold + 48;
+  int* csig_s = reinterpret_cast<int*>(fold + 56);
+  float* cm_s = fold + 64;
+  float* lsum_all = fold + 96;
+  float* xcol_all = fold + 128;
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
   std::uint64_t* empty = full + 4;
-  std::uint64_t* q_full = full + 3;
   std::uint64_t* pt_full = full + 8;
   std::uint64_t* pt_empty = full + 10;
+  std::uint64_t* q_full = full + 12;
+  std::uint64_t* chain_full = full + 13;
+  std::uint64_t* end_full = full + 15;
   const std::uint32_t qa = smem_u32(smem + L::q);
   auto head_of = [&](int q) { return 8 * (q >> 1) + hc + (q & 1); };
   auto elem_of = [](int q) { return 4 * (q >> 1) + (q & 1); };  // acc[e]: row r0, acc[e + 2]: r1
@@ -1677,35 +1729,34 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   };
   auto q_desc_at = [&](int ks) { return desc_plus(q_desc, (ks >> 2) * kQBlock + (ks & 3) * 32); };
 
-  float m[4], l[4];    // warpgroup 0, per head q: running maximum (shared by the column), own sum
-  float qv[4];         // warpgroup 0: 2^-tau of its heads
-  int sigma[kGroups];  // warpgroup 0: largest scale exponent per group so far (biased)
+  int n_done = 0;  // tiles of the split
+  if (role < 2) {
+    // =========================== scores: tiles role, role + 2, ... ===========================
+#if defined(DCPATTN_MLA_WGMMA)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegAScoreRegs));
+#endif
+    const int r0 = 16 * wq + gq, r1 = r0 + 8;  // this thread's tokens
+    float* xcol = xcol_all + role * 4 * kNarrowHeads;
+    int* sexp_s = sexp_all + role * 4 * kGroups;
+    const int bar_id = 3 + role;  // this warpgroup's named barrier
+    float mo[4], l[4];  // per head q: the maximum this warpgroup last used, its own row sum
+    float qv[4];        // 2^-tau of its heads
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    m[q] = kNegInf;
-    l[q] = 0.0f;
-    qv[q] = 0.0f;
-  }
-#pragma unroll
-  for (int grp = 0; grp < kGroups; ++grp) sigma[grp] = 0;
-  float o[8][8];  // warpgroup 1: O^T block mb, rows as above, heads as in elem_of
-#pragma unroll
-  for (int mb = 0; mb < 8; ++mb)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[mb][e] = 0.0f;
-
-  int n_done = 0;  // tiles computed
-  for (int i = 0;; ++i) {
-    const int st = i % R;
-    mbar_wait(&full[st], (i / R) & 1);
-    const int n_tile = count_s[i % kSlotBufs];
-    if (n_tile == 0) break;
-    const unsigned char* raw = smem + L::raw + std::size_t(st) * L::raw_bytes;
-    float* alpha = alpha_s + (i & 1) * kNarrowHeads;
-    float* resc = resc_s + (i & 1) * kGroups;
-
-    if (g == 0) {
-      if (i == 0) {
+    for (int q = 0; q < 4; ++q) {
+      mo[q] = kNegInf;
+      l[q] = 0.0f;
+      qv[q] = 0.0f;
+    }
+    for (int i = role;; i += 2) {
+      const int st = i % R;
+      mbar_wait(&full[st], (i / R) & 1);
+      if (count_s[i % SB] == 0) {
+        // The end is marked twice, at tiles n and n + 1: once for each score warpgroup.
+        n_done = (i > 0 && count_s[(i - 1) % SB] == 0) ? i - 1 : i;
+        break;
+      }
+      const unsigned char* raw = smem + L::raw + std::size_t(st) * L::raw_bytes;
+      if (i == role) {
         mbar_wait(q_full, 0);
 #pragma unroll
         for (int q = 0; q < 4; ++q) qv[q] = qinv_s[head_of(q)];
@@ -1760,8 +1811,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
       }
       wgmma_wait<0>();
 
-      // --- The scores, then the online softmax per head as in narrow_consumers.
-      const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
+      // --- The scores, and the tile's column maxima and largest scale exponents.
+      const int* slots = slot_s + (i % SB) * kTileTokens;
       const bool v0 = slots[r0] >= 0, v1 = slots[r1] >= 0;
       float s[8];
       float mx[4];
@@ -1797,31 +1848,71 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 #pragma unroll
         for (int grp = 0; grp < kGroups; ++grp) sexp_s[wq * kGroups + grp] = ex[grp];
       }
-      named_barrier(3, 128);                                        // warpgroup 0
+      named_barrier(bar_id, 128);
+
+      // --- The chained state: after tile i - 1 (mp, sp; the other warpgroup's), after tile i
+      // (mn, sn), published for tile i + 1 at once.
+      float mp[4], mn[4];
+      int sp[kGroups], sn[kGroups];
+      if (i > 0) {
+        const int b = (i - 1) & 1;
+        mbar_wait(&chain_full[b], ((i - 1) >> 1) & 1);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) mp[q] = cm_s[b * kNarrowHeads + head_of(q)];
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) sp[grp] = csig_s[b * kGroups + grp];
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) mp[q] = kNegInf;
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) sp[grp] = 0;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int h = head_of(q);
+        mn[q] = fmaxf(mp[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
+                                   fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
+      }
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        sn[grp] = sp[grp];
+#pragma unroll
+        for (int w = 0; w < 4; ++w) sn[grp] = max(sn[grp], sexp_s[w * kGroups + grp]);
+        sn[grp] = min(sn[grp], 253);  // inf / NaN scales: their weights are not finite either way
+      }
+      if (wq == 0 && lane < 4) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cm_s[(i & 1) * kNarrowHeads + head_of(q)] = mn[q];
+      }
+      if (wq == 0 && lane == 0) {
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) csig_s[(i & 1) * kGroups + grp] = sn[grp];
+      }
+      mbar_arrive(&chain_full[i & 1]);
+
+      // --- The weights P_g = p * scale * 2^(127 - sigma_g) and the rescale factors of tile i.
       if (i >= 2) mbar_wait(&pt_empty[i & 1], ((i - 2) >> 1) & 1);  // buffers i & 1 are free
-      // Scale factors of this thread's tokens for each group's weights: scale 2^(127 - sigma).
+      float* alpha = alpha_s + (i & 1) * kNarrowHeads;
       float f0[kGroups], f1[kGroups];
 #pragma unroll
       for (int grp = 0; grp < kGroups; ++grp) {
-        int sn = sigma[grp];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) sn = max(sn, sexp_s[w * kGroups + grp]);
-        sn = min(sn, 253);  // inf / NaN scales: their weights are not finite either way
-        const float up = __int_as_float((254 - sn) << 23);  // 2^(127 - sn)
+        const float up = __int_as_float((254 - sn[grp]) << 23);  // 2^(127 - sn)
         f0[grp] = sc0[grp] * up;
         f1[grp] = sc1[grp] * up;
         if (wq == 0 && lane == 0) {
-          const int d = sigma[grp] - sn;  // <= 0
-          resc[grp] = d >= -126 ? pow2i(d) : 0.0f;
+          const int d = sp[grp] - sn[grp];  // <= 0
+          resc_s[(i & 1) * kGroups + grp] = d >= -126 ? pow2i(d) : 0.0f;
         }
-        sigma[grp] = sn;
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int h = head_of(q);
         const int e = elem_of(q);
-        float al, p0, p1;
-        narrow_softmax(xcol, h, s[e], s[e + 2], m[q], l[q], al, p0, p1);
+        const float mu = mn[q] == kNegInf ? 0.0f : mn[q];
+        const float p0 = expf(s[e] - mu);
+        const float p1 = expf(s[e + 2] - mu);
+        l[q] = l[q] * expf(mo[q] - mu) + (p0 + p1);
+        mo[q] = mn[q];
         // P_g^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
         const int o0 = h * 128 + (r0 & 7) * 2 + (((r0 >> 3) ^ (h & 7)) << 4);
         const int o1 = h * 128 + (r1 & 7) * 2 + (((r1 >> 3) ^ (h & 7)) << 4);
@@ -1831,123 +1922,158 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
           *reinterpret_cast<__half*>(pb + o0) = __float2half_rn(p0 * f0[grp]);
           *reinterpret_cast<__half*>(pb + o1) = __float2half_rn(p1 * f1[grp]);
         }
-        if (wq == 0 && lane < 4) alpha[h] = al;
+        if (wq == 0 && lane < 4) alpha[h] = expf(mp[q] - mu);
       }
       fence_proxy_async();
       mbar_arrive(&pt_full[i & 1]);  // P_g^T and the rescale factors of tile i are complete
-      // Every warp of warpgroup 0 has read xcol and sexp_s before any writes them again.
+      // Every warp of this warpgroup has read xcol and sexp_s before any writes them again.
       mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
-    } else {
-      // --- O^T = alpha r_g O^T + V^T P_g^T for all 512 value dims.
-      const int doff = 4 * (8 * wq + gq);       // this thread's 4 dims within each group
-      constexpr int kSteps = kTileTokens / 16;  // 4
-      std::uint32_t av[kSteps][8][4];
-#pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        if (kk >= 2) wgmma_wait<1>();  // the products of k-step kk - 2 have read their registers
-        // Tokens of the fragment's columns 2c, 2c+1 (registers 0, 1) and 2c+8, 2c+9 (2, 3).
-        const unsigned char* ea = raw + (16 * kk + 2 * c) * kRawEntry + doff;
-        const unsigned char* eb = ea + kRawEntry;
-        const unsigned char* ec = ea + 8 * kRawEntry;
-        const unsigned char* ed = ea + 9 * kRawEntry;
-#pragma unroll
-        for (int grp = 0; grp < kGroups; ++grp) {
-          const std::uint32_t wa = *reinterpret_cast<const std::uint32_t*>(ea + 128 * grp);
-          const std::uint32_t wb = *reinterpret_cast<const std::uint32_t*>(eb + 128 * grp);
-          const std::uint32_t wc = *reinterpret_cast<const std::uint32_t*>(ec + 128 * grp);
-          const std::uint32_t wd = *reinterpret_cast<const std::uint32_t*>(ed + 128 * grp);
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            // Dims 2b and 2b + 1 of the 4: {a: 2b, b-token: 2b, a: 2b+1, b-token: 2b+1}.
-            const std::uint32_t sel = b ? 0x7362u : 0x5140u;
-            const std::uint32_t ab = __byte_perm(wa, wb, sel);
-            const std::uint32_t cd = __byte_perm(wc, wd, sel);
-            e4m3x4_to_f16x2x2(ab, av[kk][2 * grp + b][0], av[kk][2 * grp + b][1]);
-            e4m3x4_to_f16x2x2(cd, av[kk][2 * grp + b][2], av[kk][2 * grp + b][3]);
-          }
-        }
-        if (kk == kSteps - 1) mbar_arrive(&empty[st]);  // this thread's reads are done
-        if (kk == 0) {
-          mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
-          float al[4], rg[kGroups];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
-#pragma unroll
-          for (int grp = 0; grp < kGroups; ++grp) rg[grp] = resc[grp];
-#pragma unroll
-          for (int mb = 0; mb < 8; ++mb) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const float f = al[q] * rg[mb >> 1];
-              o[mb][elem_of(q)] *= f;
-              o[mb][elem_of(q) + 2] *= f;
-            }
-          }
-          // The rescaling completes before the products (see narrow_consumers).
-#pragma unroll
-          for (int mb = 0; mb < 8; ++mb) fence_registers(o[mb]);
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int mb = 0; mb < 8; ++mb) {
-          const int off = ((i & 1) * kGroups + (mb >> 1)) * kQBlock + kk * 32;  // P_g^T block
-          wgmma_m64n16_rs<true>(o[mb], av[kk][mb], desc_plus(p_desc, off), 1);
-        }
-        wgmma_commit();
-      }
-      wgmma_wait<0>();
-      mbar_arrive(&pt_empty[i & 1]);
     }
-    n_done = i + 1;
+
+    // --- End of the split: the row sums rescaled to the final maxima, reduced over this
+    // warpgroup, then added in warpgroup order; lse = m + log(l) by warpgroup 0.
+    float mf[4];
+    if (n_done > 0) {
+      const int b = (n_done - 1) & 1;
+      mbar_wait(&chain_full[b], ((n_done - 1) >> 1) & 1);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mf[q] = cm_s[b * kNarrowHeads + head_of(q)];
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) mf[q] = kNegInf;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) l[q] *= expf(mo[q] - (mf[q] == kNegInf ? 0.0f : mf[q]));
+    narrow_row_sums(l, xcol, lsum_all + role * kNarrowHeads, wq, lane, bar_id);
+    mbar_arrive(end_full);
+    if (role == 0 && wq == 0 && lane < 4) {
+      mbar_wait(end_full, 0);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int h = head_of(q);  // one head block: h0 = 0
+        if (h >= a.heads) continue;
+        const float lq = lsum_all[h] + lsum_all[kNarrowHeads + h];
+        const float lse = lq == 0.0f ? kNegInf : mf[q] + logf(lq);
+        const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+        if (S > 1)
+          a.scratch_lse[state] = lse;
+        else
+          a.lse(t, std::int64_t(h)) = lse;
+      }
+    }
+    return;
   }
 
-  // --- The state, as in narrow_consumers: warpgroup 0 reduces the row sums and hands them over
-  // with the groups' factors 2^(sigma_g - 127) as tile n_done; warpgroup 1 writes
-  // o = acc 2^(sigma_g - 127) / l, warpgroup 0 lse = m + log(l).
-  const int b_end = n_done & 1;
-  if (g == 0) {
-    if (n_done >= 2) mbar_wait(&pt_empty[b_end], ((n_done - 2) >> 1) & 1);
-    narrow_row_sums(l, xcol, lsum_s, wq, lane);
-    if (wq == 0 && lane == 0) {
+  // ============================ values: O^T for every tile in order ============================
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegAValueRegs));
+#endif
+  float o[8][8];  // O^T block mb, rows as above, heads as in elem_of
 #pragma unroll
-      for (int grp = 0; grp < kGroups; ++grp) fin_s[grp] = ldexpf(1.0f, sigma[grp] - 127);
+  for (int mb = 0; mb < 8; ++mb)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[mb][e] = 0.0f;
+  const int doff = 4 * (8 * wq + gq);  // this thread's 4 dims within each group
+  for (int i = 0;; ++i) {
+    const int st = i % R;
+    mbar_wait(&full[st], (i / R) & 1);
+    if (count_s[i % SB] == 0) {
+      n_done = i;
+      break;
     }
-    mbar_arrive(&pt_full[b_end]);
+    const unsigned char* raw = smem + L::raw + std::size_t(st) * L::raw_bytes;
+    // --- O^T = alpha r_g O^T + V^T P_g^T for all 512 value dims.
+    constexpr int kSteps = kTileTokens / 16;  // 4
+    std::uint32_t av[kSteps][8][4];
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      if (kk >= 2) wgmma_wait<1>();  // the products of k-step kk - 2 have read their registers
+      // Tokens of the fragment's columns 2c, 2c+1 (registers 0, 1) and 2c+8, 2c+9 (2, 3).
+      const unsigned char* ea = raw + (16 * kk + 2 * c) * kRawEntry + doff;
+      const unsigned char* eb = ea + kRawEntry;
+      const unsigned char* ec = ea + 8 * kRawEntry;
+      const unsigned char* ed = ea + 9 * kRawEntry;
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        const std::uint32_t wa = *reinterpret_cast<const std::uint32_t*>(ea + 128 * grp);
+        const std::uint32_t wb = *reinterpret_cast<const std::uint32_t*>(eb + 128 * grp);
+        const std::uint32_t wc = *reinterpret_cast<const std::uint32_t*>(ec + 128 * grp);
+        const std::uint32_t wd = *reinterpret_cast<const std::uint32_t*>(ed + 128 * grp);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          // Dims 2b and 2b + 1 of the 4: {a: 2b, b-token: 2b, a: 2b+1, b-token: 2b+1}.
+          const std::uint32_t sel = b ? 0x7362u : 0x5140u;
+          const std::uint32_t ab = __byte_perm(wa, wb, sel);
+          const std::uint32_t cd = __byte_perm(wc, wd, sel);
+          e4m3x4_to_f16x2x2(ab, av[kk][2 * grp + b][0], av[kk][2 * grp + b][1]);
+          e4m3x4_to_f16x2x2(cd, av[kk][2 * grp + b][2], av[kk][2 * grp + b][3]);
+        }
+      }
+      if (kk == kSteps - 1) mbar_arrive(&empty[st]);  // this thread's reads are done
+      if (kk == 0) {
+        mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
+        const float* alpha = alpha_s + (i & 1) * kNarrowHeads;
+        float al[4], rg[kGroups];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) rg[grp] = resc_s[(i & 1) * kGroups + grp];
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float f = al[q] * rg[mb >> 1];
+            o[mb][elem_of(q)] *= f;
+            o[mb][elem_of(q) + 2] *= f;
+          }
+        }
+        // The rescaling completes before the products (see narrow_consumers).
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) fence_registers(o[mb]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+        const int off = ((i & 1) * kGroups + (mb >> 1)) * kQBlock + kk * 32;  // P_g^T block
+        wgmma_m64n16_rs<true>(o[mb], av[kk][mb], desc_plus(p_desc, off), 1);
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    mbar_arrive(&pt_empty[i & 1]);
   }
-  mbar_wait(&pt_full[b_end], (n_done >> 1) & 1);
+
+  // --- The state: o = acc 2^(sigma_g - 127) / l, with the score warpgroups' row sums and the
+  // final scale exponents (the chained state after the last tile).
+  mbar_wait(end_full, 0);
+  float fin[kGroups];
+#pragma unroll
+  for (int grp = 0; grp < kGroups; ++grp)
+    fin[grp] = n_done > 0 ? ldexpf(1.0f, csig_s[((n_done - 1) & 1) * kGroups + grp] - 127) : 0.0f;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int h = head_of(q);  // one head block: h0 = 0
     if (h >= a.heads) continue;
-    const float lq = lsum_s[h];
+    const float lq = lsum_all[h] + lsum_all[kNarrowHeads + h];
     const bool empty_state = lq == 0.0f;
     const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
-    if (g == 1) {
-      const int e = elem_of(q);
-      const int doff = 4 * (8 * wq + gq);
+    const int e = elem_of(q);
 #pragma unroll
-      for (int grp = 0; grp < kGroups; ++grp) {
-        const float f = fin_s[grp];
-        float v[4];
-        v[0] = empty_state ? 0.0f : o[2 * grp][e] * f / lq;
-        v[1] = empty_state ? 0.0f : o[2 * grp][e + 2] * f / lq;
-        v[2] = empty_state ? 0.0f : o[2 * grp + 1][e] * f / lq;
-        v[3] = empty_state ? 0.0f : o[2 * grp + 1][e + 2] * f / lq;
-        const int d = 128 * grp + doff;
-        if (S > 1) {
-          *reinterpret_cast<float4*>(a.scratch_o + state * kMlaVDim + d) =
-              make_float4(v[0], v[1], v[2], v[3]);
-        } else {
+    for (int grp = 0; grp < kGroups; ++grp) {
+      const float f = fin[grp];
+      float v[4];
+      v[0] = empty_state ? 0.0f : o[2 * grp][e] * f / lq;
+      v[1] = empty_state ? 0.0f : o[2 * grp][e + 2] * f / lq;
+      v[2] = empty_state ? 0.0f : o[2 * grp + 1][e] * f / lq;
+      v[3] = empty_state ? 0.0f : o[2 * grp + 1][e + 2] * f / lq;
+      const int d = 128 * grp + doff;
+      if (S > 1) {
+        *reinterpret_cast<float4*>(a.scratch_o + state * kMlaVDim + d) =
+            make_float4(v[0], v[1], v[2], v[3]);
+      } else {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) a.o(t, std::int64_t(h), std::int64_t(d + k)) = v[k];
-        }
+        for (int k = 0; k < 4; ++k) a.o(t, std::int64_t(h), std::int64_t(d + k)) = v[k];
       }
-    } else if (wq == 0 && lane < 4) {
-      const float lse = empty_state ? kNegInf : m[q] + logf(lq);
-      if (S > 1)
-        a.scratch_lse[state] = lse;
-      else
-        a.lse(t, std::int64_t(h)) = lse;
     }
   }
 }
@@ -1974,12 +2100,13 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///   fp8 (narrow): three raw stages handed over by full / empty mbarriers, the full arrival made
 ///         by the copies themselves (cp.async.mbarrier.arrive); see narrow_fp8_consumers.
 template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(
+    Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>::threads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
   constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
   constexpr bool kRawPath = kFp8 && is_plain_strided_v<CacheView>;
   using L = Smem<kFp8, kRows>;
-  static_assert(L::raw_stages + (L::reg_a ? 1 : 2) <= kSlotBufs,
+  static_assert(L::raw_stages + 2 <= L::slot_bufs,
                 "dcpattn: a slot buffer per tile being computed, in flight or being gathered");
   constexpr float kNegInf = -cuda::std::numeric_limits<float>::infinity();
 
@@ -2009,11 +2136,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (t >= a.num_valid_rows) {
     // Padding row: nothing of it is read. With S > 1 the merge kernel writes its neutral state.
     if (S == 1) {
-      for (int i = tid; i < kRows * kMlaVDim; i += kThreads) {
+      for (int i = tid; i < kRows * kMlaVDim; i += L::threads) {
         const int h = h0 + i / kMlaVDim;
         if (h < a.heads) a.o(t, std::int64_t(h), std::int64_t(i % kMlaVDim)) = 0.0f;
       }
-      for (int i = tid; i < kRows; i += kThreads)
+      for (int i = tid; i < kRows; i += L::threads)
         if (h0 + i < a.heads) a.lse(t, std::int64_t(h0 + i)) = kNegInf;
     }
     return;
@@ -2028,7 +2155,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_init(&full[st], kProducers);
         mbar_init(&empty[st], kConsumers);
       }
-      if constexpr (L::reg_a) mbar_init(&full[3], kProducers);  // q_full: the query block is in
+      if constexpr (L::reg_a) {
+        mbar_init(&full[12], kProducers);  // q_full: the query block is in
+        for (int b = 0; b < 2; ++b)
+          mbar_init(&full[13 + b], 128);  // chain_full: the state after a tile of parity b
+        mbar_init(&full[15], 256);        // end_full: both score warpgroups' row sums are in
+      }
     }
     if constexpr (kRows == kNarrowHeads) {
       for (int b = 0; b < 2; ++b) {
@@ -2039,13 +2171,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // barriers initialized (the last CTA-wide barrier)
 
-  if (warp >= kConsumers / 32) {
+  if (warp >= L::consumers / 32) {
     // ===================================== producer =====================================
 #if defined(DCPATTN_MLA_WGMMA)
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(L::reg_a ? kRegAProducerRegs
+                                                                        : kProducerRegs));
 #endif
-    const int ptid = tid - kConsumers;
-    const int pw = warp - kConsumers / 32;
+    const int ptid = tid - L::consumers;
+    const int pw = warp - L::consumers / 32;
     const std::int32_t req = a.row_request(t);
     const bool req_ok = req >= 0 && std::int64_t(req) < a.block_table.extent(0);
     std::int64_t n = 0;                       // dense: tokens of this split
@@ -2062,6 +2195,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     // token count; returns the count (0: the split is done). Uniform over the producer.
     [[maybe_unused]] std::int64_t k0 = 0;                          // dense: next split token
     [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
+    // Dense: the position and page id of split token k0 + ptid of the tile at ahead_k0, read ahead
+    // (read_ahead) so that the block-table read is in flight while the producer waits and copies.
+    [[maybe_unused]] std::int64_t ahead_k0 = -1, ahead_pos = -1, ahead_page = -1;
+    [[maybe_unused]] auto read_ahead = [&]() {
+      ahead_k0 = k0;
+      ahead_pos = -1;
+      ahead_page = -1;
+      if (ptid < kTileTokens && k0 + ptid < n) {
+        ahead_pos = mla_split_position(k0 + ptid, j, S, a.interleave);
+        ahead_page = slot_page(a, req, ahead_pos);
+      }
+    };
     auto next_tile = [&](int sb) -> int {
       int* slots = slot_s + sb * kTileTokens;
       int n_tile = 0;
@@ -2069,8 +2214,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         n_tile = int(n - k0 < kTileTokens ? (n - k0 > 0 ? n - k0 : 0) : kTileTokens);
         if (n_tile > 0 && ptid < kTileTokens) {
           std::int64_t slot = -1;
-          if (ptid < n_tile)
-            slot = checked_slot(a, req, mla_split_position(k0 + ptid, j, S, a.interleave));
+          if (ptid < n_tile) {
+            slot = ahead_k0 == k0
+                       ? page_slot(a, ahead_pos, ahead_page)
+                       : checked_slot(a, req, mla_split_position(k0 + ptid, j, S, a.interleave));
+          }
           slots[ptid] = int(slot);
         }
         k0 += kTileTokens;
@@ -2127,13 +2275,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // R raw stages handed over like the bf16 stages (full / empty by stage), with the full
       // arrival made by the copies themselves (cp.async.mbarrier.arrive): tile k is published as
       // soon as its bytes land, whatever the producer waits on meanwhile. Tiles 0 .. R - 1 are
-      // copied at once; tile k >= R goes to the stage of tile k - R once both warpgroups have
-      // read that tile, and its slots to slot buffer k mod 4, that of tile k - 4, which the
-      // consumers are done with by then. The query block has its own barrier (q_full).
+      // copied at once, then the query block is built (ordinary loads and stores, whose latency
+      // those copies hide) and published (q_full); tile k >= R goes to the stage of tile k - R
+      // once its readers are done with it, and its slots to slot buffer k mod SB, which every
+      // consumer is done with by then. The end of the split is marked twice, at tiles n and
+      // n + 1, so that each score warpgroup reads a marker (narrow_fp8_consumers).
       constexpr int R = L::raw_stages;
-      std::uint64_t* q_full = full + 3;
+      constexpr int SB = L::slot_bufs;
+      std::uint64_t* q_full = full + 12;
       auto load_raw = [&](int k) {
-        const int* slots = slot_s + (k % kSlotBufs) * kTileTokens;
+        const int* slots = slot_s + (k % SB) * kTileTokens;
         unsigned char* dst = raw_s + std::size_t(k % R) * L::raw_bytes;
         if constexpr (kRawPath) {
           if (a.cache_vector) {
@@ -2144,29 +2295,31 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         load_tile_raw_bytes(a.cache, slots, dst, ptid);
-        cp_async_commit();  // an empty group: one group per tile on both paths
         mbar_arrive(&full[k % R]);
       };
+      int n_k = n_cur;  // token count of tile k
+      int k = 0;
+      for (; k < R && n_k > 0; ++k) {
+        load_raw(k);
+        if (k + 1 < R) n_k = next_tile((k + 1) % SB);
+      }
       if (n_cur > 0) {
         load_q_fp8(a.q, t, h0, a.heads, q_s, reinterpret_cast<float*>(smem + L::fold), ptid);
-        cp_async_commit();
+        fence_proxy_async();
+        mbar_arrive(q_full);
       }
-      int n_k = n_cur;  // token count of tile k (0: the end marker)
-      for (int k = 0;; ++k) {
-        if (k >= R) mbar_wait(&empty[k % R], (k / R - 1) & 1);  // tile k - R was read
-        if (k > 0) n_k = n_k > 0 ? next_tile(k % kSlotBufs) : 0;
-        if (n_k == 0) {
-          mbar_arrive(&full[k % R]);  // the end marker: the consumers read the count 0 and stop
-          break;
-        }
-        load_raw(k);
-        if (k == 0) {
-          // The query block (ordinary stores, and an empty cp.async group before tile 0's) is
-          // complete: fence it for the tensor cores and publish it.
-          cp_async_wait<1>();
-          fence_proxy_async();
-          mbar_arrive(q_full);
-        }
+      if (k == R) n_k = next_tile(k % SB);  // tiles 0 .. R - 1 all had tokens
+      while (n_k > 0) {
+        // Tile k's slots are in; the block-table reads of tile k + 1 go out before the wait.
+        if constexpr (!kSparse) read_ahead();
+        mbar_wait(&empty[k % R], (k / R - 1) & 1);  // tile k - R was read
+        load_raw(k++);
+        n_k = next_tile(k % SB);
+      }
+      for (int e = 0; e < 2; ++e, ++k) {
+        if (k >= R) mbar_wait(&empty[k % R], (k / R - 1) & 1);
+        if (ptid == 0) count_s[k % SB] = 0;
+        mbar_arrive(&full[k % R]);  // an end marker: the consumers read the count 0 and stop
       }
     } else if constexpr (!kFp8) {
       if (n_cur > 0) load_tile_direct(a.cache, a.cache_vector, slot_s, stage(0), ptid);
@@ -2230,7 +2383,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ===================================== consumers =====================================
 #if defined(DCPATTN_MLA_WGMMA)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  // The narrow fp8 kernel's roles raise their own counts (narrow_fp8_consumers).
+  if constexpr (!L::reg_a)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 #endif
   if constexpr (L::reg_a) {
     narrow_fp8_consumers<kSparse>(a, smem, t, j);
@@ -2495,13 +2650,13 @@ inline int head_tiles_for(int heads) {
 template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
 void launch_wg_rows(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
   auto kernel = &wg::mla_wg_kernel<kRows, kSparse, QSrc, CacheView, Own>;
-  constexpr std::size_t smem =
-      wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>::bytes;
+  using L = wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>;
+  constexpr std::size_t smem = L::bytes;
   static std::atomic<unsigned long long> configured{0};
   raise_smem_limit(kernel, smem, configured);
   const std::int64_t head_blocks = (args.heads + kRows - 1) / kRows;
   const std::int64_t blocks = args.tokens * args.num_splits * head_blocks;
-  kernel<<<unsigned(blocks), wg::kThreads, smem, stream>>>(args);
+  kernel<<<unsigned(blocks), unsigned(L::threads), smem, stream>>>(args);
   DCPATTN_CUDA_CHECK(cudaGetLastError());
 }
 
