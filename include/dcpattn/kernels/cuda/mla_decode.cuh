@@ -366,24 +366,16 @@ DCPATTN_DEVICE void load_kv_tile(const CacheView& cache, bool vector_path,
 
 /// Slot of local position `pos` of request `req`, or -1 when the page index is beyond the block
 /// table, the page id is negative or the slot is beyond the cache (the token is then skipped).
-/// In two steps, so that the block-table read can be issued ahead of its use: slot_page reads the
-/// page id (-1: no page), page_slot computes the slot from it.
-template <class Args>
-DCPATTN_DEVICE std::int64_t slot_page(const Args& a, std::int32_t req, std::int64_t pos) {
-  if (pos < 0) return -1;
-  const std::int64_t page_index = pos / a.page_size;
-  if (page_index >= a.block_table.extent(1)) return -1;
-  return a.block_table(std::int64_t(req), page_index);
-}
-template <class Args>
-DCPATTN_DEVICE std::int64_t page_slot(const Args& a, std::int64_t pos, std::int64_t page) {
-  if (pos < 0 || page < 0) return -1;
-  const std::int64_t slot = page * a.page_size + pos % a.page_size;
-  return slot < a.cache.extent(0) ? slot : -1;
-}
 template <class Args>
 DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::int64_t pos) {
-  return page_slot(a, pos, slot_page(a, req, pos));
+  if (pos < 0) return -1;
+  const std::int64_t b = a.page_size;
+  const std::int64_t page_index = pos / b;
+  if (page_index >= a.block_table.extent(1)) return -1;
+  const std::int64_t page = a.block_table(std::int64_t(req), page_index);
+  if (page < 0) return -1;
+  const std::int64_t slot = page * b + pos % b;
+  return slot < a.cache.extent(0) ? slot : -1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2182,11 +2174,13 @@ __global__ void __launch_bounds__(
     const std::int32_t req = a.row_request(t);
     const bool req_ok = req >= 0 && std::int64_t(req) < a.block_table.extent(0);
     std::int64_t n = 0;                       // dense: tokens of this split
+    [[maybe_unused]] bool pos32 = false;      // dense: every local position is below 2^31
     [[maybe_unused]] std::int64_t bound = 0;  // sparse: the row's global causal bound
     std::int64_t list = 0;                    // sparse: top-k entries to scan
     if constexpr (!kSparse) {
       const std::int64_t len = a.row_local_length(t);
       if (req_ok && len > 0) n = mla_split_length(len, j, S, a.interleave);
+      pos32 = len < (std::int64_t(1) << 31);
     } else {
       bound = a.row_bound(t);
       if (req_ok && bound > 0) list = a.topk.extent(1);
@@ -2195,16 +2189,29 @@ __global__ void __launch_bounds__(
     // token count; returns the count (0: the split is done). Uniform over the producer.
     [[maybe_unused]] std::int64_t k0 = 0;                          // dense: next split token
     [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
-    // Dense: the position and page id of split token k0 + ptid of the tile at ahead_k0, read ahead
-    // (read_ahead) so that the block-table read is in flight while the producer waits and copies.
-    [[maybe_unused]] std::int64_t ahead_k0 = -1, ahead_pos = -1, ahead_page = -1;
+    // Dense: the page id and the offset in the page of split token k0 + ptid of the tile at
+    // ahead_k0, read ahead (read_ahead) so that the block-table read is in flight while the
+    // producer waits and copies; in 32-bit arithmetic when every position fits (pos32).
+    [[maybe_unused]] std::int64_t ahead_k0 = -1, ahead_page = -1, ahead_off = 0;
     [[maybe_unused]] auto read_ahead = [&]() {
       ahead_k0 = k0;
-      ahead_pos = -1;
       ahead_page = -1;
       if (ptid < kTileTokens && k0 + ptid < n) {
-        ahead_pos = mla_split_position(k0 + ptid, j, S, a.interleave);
-        ahead_page = slot_page(a, req, ahead_pos);
+        std::int64_t page_index;
+        if (pos32) {
+          const std::uint32_t k = std::uint32_t(k0 + ptid), il = std::uint32_t(a.interleave);
+          const std::uint32_t ps = std::uint32_t(a.page_size), q = k / il;
+          const std::uint32_t pos = (q * std::uint32_t(S) + std::uint32_t(j)) * il + (k - q * il);
+          const std::uint32_t pi = pos / ps;
+          page_index = pi;
+          ahead_off = pos - pi * ps;
+        } else {
+          const std::int64_t pos = mla_split_position(k0 + ptid, j, S, a.interleave);
+          page_index = pos / a.page_size;
+          ahead_off = pos % a.page_size;
+        }
+        if (page_index < a.block_table.extent(1))
+          ahead_page = a.block_table(std::int64_t(req), page_index);
       }
     };
     auto next_tile = [&](int sb) -> int {
@@ -2215,9 +2222,12 @@ __global__ void __launch_bounds__(
         if (n_tile > 0 && ptid < kTileTokens) {
           std::int64_t slot = -1;
           if (ptid < n_tile) {
-            slot = ahead_k0 == k0
-                       ? page_slot(a, ahead_pos, ahead_page)
-                       : checked_slot(a, req, mla_split_position(k0 + ptid, j, S, a.interleave));
+            if (ahead_k0 == k0) {
+              slot = ahead_page * a.page_size + ahead_off;
+              if (ahead_page < 0 || slot >= a.cache.extent(0)) slot = -1;
+            } else {
+              slot = checked_slot(a, req, mla_split_position(k0 + ptid, j, S, a.interleave));
+            }
           }
           slots[ptid] = int(slot);
         }
