@@ -51,7 +51,8 @@
 // differ from the host libm's by an ulp now and then. The warpgroup kernel's narrow form for the
 // fp8 cache (H <= 16) does not round the keys: the products read the exact e4m3 codes and the
 // group scales are applied in fp32 (scores) and folded into the weights, rounded to f16 (relative
-// 2^-11 per weight; narrow_fp8_consumers).
+// 2^-11 per weight), and the row sums of a split's even and odd tiles are kept apart and added at
+// the end (narrow_fp8_consumers).
 //
 // Data-dependent checks cannot be made on the host without a synchronization, so the kernels make
 // them instead and never read outside the views: a row whose row_request is not a request of
@@ -775,9 +776,10 @@ __global__ void __launch_bounds__(kMlaVDim)
 // Narrow kernel (H <= 16, one CTA per (row, split)): the same producer, a query block of 16 rows,
 // and the products transposed: S^T = K Q^T and O^T = V^T P^T with the 64 tokens as the wgmma M
 // and the heads as N (m64n16k16), so no padded head row is computed. bf16 cache: the bf16
-// pipeline and narrow_consumers. fp8 cache: three raw stages and no bf16 copy of the tile; the
-// consumers convert the e4m3 codes in registers and apply the group scales outside the products
-// (narrow_fp8_consumers). Which kernel runs depends on H only, never on N.
+// pipeline and narrow_consumers. fp8 cache: four warpgroups (two computing the scores of
+// alternate tiles, one the values, the producer), four raw stages and no bf16 copy of the tile;
+// the consumers convert the e4m3 codes in registers and apply the group scales outside the
+// products (narrow_fp8_consumers). Which kernel runs depends on H only, never on N.
 // Every reduction has a fixed shape and order and nothing depends on S, the split index, N, T
 // or the grid, so the DCP invariance argument of the file comment holds for this kernel too.
 
@@ -839,7 +841,7 @@ template <bool kFp8, int kRows = kHeads>
 struct Smem {
   static_assert(kRows == kHeads || kRows == kNarrowHeads, "dcpattn: 64 or 16 heads per CTA");
   /// The narrow fp8 kernel's products read the raw entries through registers
-  /// (narrow_fp8_consumers): no bf16 K/V stage, three raw stages.
+  /// (narrow_fp8_consumers): no bf16 K/V stage, four raw stages, four warpgroups.
   static constexpr bool reg_a = kFp8 && kRows == kNarrowHeads;
   static constexpr int stages = kFp8 ? (reg_a ? 0 : 1) : 2;  // K/V stages (bf16 tiles)
   /// fp8: stages of raw entries.
@@ -1282,14 +1284,17 @@ DCPATTN_DEVICE float pow2i(int e) {
 ///     share of a score is below 2^-24 of the largest term, round to f16 subnormals;
 ///   - the 64 RoPE dims (column block 8) in bf16 as given;
 ///   - qinv[h] = 2^-tau_h, which the scores are multiplied by.
-/// Producer warp w fills heads [4 w, 4 w + 4): lane l reads latent dims [16 l, 16 l + 16) and
-/// RoPE dims 512 + 2 l, + 1 of each.
-template <class QSrc>
+/// Built by kThreads threads (thread `tid`): warp w fills heads [hw w, hw w + hw), hw = 16 /
+/// (kThreads / 32); lane l reads latent dims [16 l, 16 l + 16) and RoPE dims 512 + 2 l, + 1 of
+/// each.
+template <int kThreads_, class QSrc>
 DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
-                               float* qinv, int ptid) {
-  const int lane = ptid & 31, w = ptid >> 5;
+                               float* qinv, int tid) {
+  constexpr int kHw = kNarrowHeads / (kThreads_ / 32);  // heads per warp
+  static_assert(kHw * (kThreads_ / 32) == kNarrowHeads, "dcpattn: whole heads per warp");
+  const int lane = tid & 31, w = tid >> 5;
 #pragma unroll 1
-  for (int r = 4 * w; r < 4 * w + 4; ++r) {
+  for (int r = kHw * w; r < kHw * w + kHw; ++r) {
     const int h = h0 + r;
     const bool live = h < heads;
     float amax = 0.0f;
@@ -1731,6 +1736,10 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
     float* xcol = xcol_all + role * 4 * kNarrowHeads;
     int* sexp_s = sexp_all + role * 4 * kGroups;
     const int bar_id = 3 + role;  // this warpgroup's named barrier
+    // The query block, built by both score warpgroups while the first tiles are copied.
+    load_q_fp8<256>(a.q, t, 0, a.heads, smem + L::q, fold, tid);  // one head block: h0 = 0
+    fence_proxy_async();                                          // for the tensor cores
+    mbar_arrive(q_full);
     float mo[4], l[4];  // per head q: the maximum this warpgroup last used, its own row sum
     float qv[4];        // 2^-tau of its heads
 #pragma unroll
@@ -2089,8 +2098,9 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///         published) and `tile_ready` (the stage is complete and fenced; the raw stage is free).
 ///         Sharing the conversion with the consumers, who would otherwise wait for it, makes it
 ///         three times as wide as the producer warpgroup alone.
-///   fp8 (narrow): three raw stages handed over by full / empty mbarriers, the full arrival made
-///         by the copies themselves (cp.async.mbarrier.arrive); see narrow_fp8_consumers.
+///   fp8 (narrow): four warpgroups, the producer the last. Four raw stages handed over by full /
+///         empty mbarriers, the full arrival made by the copies themselves
+///         (cp.async.mbarrier.arrive); see narrow_fp8_consumers.
 template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(
     Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>::threads, 1)
@@ -2148,7 +2158,7 @@ __global__ void __launch_bounds__(
         mbar_init(&empty[st], kConsumers);
       }
       if constexpr (L::reg_a) {
-        mbar_init(&full[12], kProducers);  // q_full: the query block is in
+        mbar_init(&full[12], 256);  // q_full: the score warpgroups built the query block
         for (int b = 0; b < 2; ++b)
           mbar_init(&full[13 + b], 128);  // chain_full: the state after a tile of parity b
         mbar_init(&full[15], 256);        // end_full: both score warpgroups' row sums are in
@@ -2285,14 +2295,13 @@ __global__ void __launch_bounds__(
       // R raw stages handed over like the bf16 stages (full / empty by stage), with the full
       // arrival made by the copies themselves (cp.async.mbarrier.arrive): tile k is published as
       // soon as its bytes land, whatever the producer waits on meanwhile. Tiles 0 .. R - 1 are
-      // copied at once, then the query block is built (ordinary loads and stores, whose latency
-      // those copies hide) and published (q_full); tile k >= R goes to the stage of tile k - R
+      // copied at once (the score warpgroups build the query block meanwhile); tile k >= R goes
+      // to the stage of tile k - R
       // once its readers are done with it, and its slots to slot buffer k mod SB, which every
       // consumer is done with by then. The end of the split is marked twice, at tiles n and
       // n + 1, so that each score warpgroup reads a marker (narrow_fp8_consumers).
       constexpr int R = L::raw_stages;
       constexpr int SB = L::slot_bufs;
-      std::uint64_t* q_full = full + 12;
       auto load_raw = [&](int k) {
         const int* slots = slot_s + (k % SB) * kTileTokens;
         unsigned char* dst = raw_s + std::size_t(k % R) * L::raw_bytes;
@@ -2312,11 +2321,6 @@ __global__ void __launch_bounds__(
       for (; k < R && n_k > 0; ++k) {
         load_raw(k);
         if (k + 1 < R) n_k = next_tile((k + 1) % SB);
-      }
-      if (n_cur > 0) {
-        load_q_fp8(a.q, t, h0, a.heads, q_s, reinterpret_cast<float*>(smem + L::fold), ptid);
-        fence_proxy_async();
-        mbar_arrive(q_full);
       }
       if (k == R) n_k = next_tile(k % SB);  // tiles 0 .. R - 1 all had tokens
       while (n_k > 0) {
