@@ -1736,9 +1736,10 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
     float* xcol = xcol_all + role * 4 * kNarrowHeads;
     int* sexp_s = sexp_all + role * 4 * kGroups;
     const int bar_id = 3 + role;  // this warpgroup's named barrier
-    // The query block, built by both score warpgroups while the first tiles are copied.
-    load_q_fp8<256>(a.q, t, 0, a.heads, smem + L::q, fold, tid);  // one head block: h0 = 0
-    fence_proxy_async();                                          // for the tensor cores
+    // The query block (one head block: h0 = 0), built by both score warpgroups while the first
+    // tiles are copied, fenced for the tensor cores and published.
+    load_q_fp8<256>(a.q, t, 0, a.heads, smem + L::q, fold, tid);
+    fence_proxy_async();
     mbar_arrive(q_full);
     float mo[4], l[4];  // per head q: the maximum this warpgroup last used, its own row sum
     float qv[4];        // 2^-tau of its heads
