@@ -1284,14 +1284,14 @@ DCPATTN_DEVICE float pow2i(int e) {
 ///     share of a score is below 2^-24 of the largest term, round to f16 subnormals;
 ///   - the 64 RoPE dims (column block 8) in bf16 as given;
 ///   - qinv[h] = 2^-tau_h, which the scores are multiplied by.
-/// Built by kThreads threads (thread `tid`): warp w fills heads [hw w, hw w + hw), hw = 16 /
-/// (kThreads / 32); lane l reads latent dims [16 l, 16 l + 16) and RoPE dims 512 + 2 l, + 1 of
+/// Built by kBuilders threads (thread `tid`): warp w fills heads [hw w, hw w + hw), hw = 16 /
+/// (kBuilders / 32); lane l reads latent dims [16 l, 16 l + 16) and RoPE dims 512 + 2 l, + 1 of
 /// each.
-template <int kThreads_, class QSrc>
+template <int kBuilders, class QSrc>
 DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
                                float* qinv, int tid) {
-  constexpr int kHw = kNarrowHeads / (kThreads_ / 32);  // heads per warp
-  static_assert(kHw * (kThreads_ / 32) == kNarrowHeads, "dcpattn: whole heads per warp");
+  constexpr int kHw = kNarrowHeads / (kBuilders / 32);  // heads per warp
+  static_assert(kHw * (kBuilders / 32) == kNarrowHeads, "dcpattn: whole heads per warp");
   const int lane = tid & 31, w = tid >> 5;
 #pragma unroll 1
   for (int r = kHw * w; r < kHw * w + kHw; ++r) {
