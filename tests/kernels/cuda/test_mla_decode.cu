@@ -714,6 +714,16 @@ void check_padding(const Out& g, std::int64_t num_valid, Stats& st) {
   for (std::int64_t t = num_valid; t < g.T; ++t) compare_with_reference(g, t, empty, st);
 }
 
+// One GPU call checked three ways: against the host kernel, against the double-precision
+// reference of each valid row, and the padding rows against the neutral state.
+void check_call(const Out& g, const Out& host, std::int64_t num_valid,
+                const std::vector<RefState>& ref, Stats& vs_host, Stats& vs_ref) {
+  compare_with_host(g, host, num_valid, vs_host);
+  for (std::int64_t t = 0; t < num_valid; ++t)
+    compare_with_reference(g, t, ref[std::size_t(t)], vs_ref);
+  check_padding(g, num_valid, vs_ref);
+}
+
 void require_stats(const char* what, const Stats& st, double tol_o, double tol_lse) {
   std::printf("  %-44s %8lld states: max rel L2(o) = %.3e, max |dlse| = %.3e\n", what,
               static_cast<long long>(st.compared), st.o, st.lse);
@@ -773,10 +783,7 @@ TEST_CASE("CUDA dense MLA decode matches the host kernel and double-precision at
             const MlaDecodeParams p = params(page_size, interleave, num_splits, dc.rows.num_valid);
             const Out g = gpu_dense(q, d1, drows, dlen, p);
             const Out h = host_dense(q, c1, dc.rows, local_length, p);
-            compare_with_host(g, h, dc.rows.num_valid, vs_host);
-            for (std::int64_t t = 0; t < dc.rows.num_valid; ++t)
-              compare_with_reference(g, t, ref[std::size_t(t)], vs_ref);
-            check_padding(g, dc.rows.num_valid, vs_ref);
+            check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
           }
         }
       }
@@ -848,10 +855,7 @@ TEST_CASE("CUDA dense fp8 MLA decode with scales and query magnitudes over many 
       const MlaDecodeParams p = params(64, 1, num_splits, dc.rows.num_valid);
       const Out g = gpu_dense(q, d1, drows, dlen, p);
       const Out h = host_dense(q, c1, dc.rows, local_length, p);
-      compare_with_host(g, h, dc.rows.num_valid, vs_host);
-      for (std::int64_t t = 0; t < dc.rows.num_valid; ++t)
-        compare_with_reference(g, t, ref[std::size_t(t)], vs_ref);
-      check_padding(g, dc.rows.num_valid, vs_ref);
+      check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
     }
   }
   require_stats("dense fp8, spread scales vs host", vs_host, kTolO, kTolLseFp8);
@@ -900,10 +904,7 @@ TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision a
             const MlaDecodeParams p = params(page_size, interleave, num_splits, dc.rows.num_valid);
             const Out g = gpu_sparse(q, d1, drows, dtopk, K, own1, 0, p);
             const Out h = host_sparse(q, c1, dc.rows, topk, K, own1, 0, p);
-            compare_with_host(g, h, dc.rows.num_valid, vs_host);
-            for (std::int64_t t = 0; t < dc.rows.num_valid; ++t)
-              compare_with_reference(g, t, ref[std::size_t(t)], vs_ref);
-            check_padding(g, dc.rows.num_valid, vs_ref);
+            check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
           }
         }
       }

@@ -1385,7 +1385,7 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
   }
 }
 
-/// Warpgroup 0 of the narrow kernels, head h, once the 4 warps' column maxima are in xcol: the
+/// Warpgroup 0 of the narrow bf16 kernel, head h, once the 4 warps' column maxima are in xcol: the
 /// running maximum m, the factor al of the previous state, the weights p0, p1 of the thread's two
 /// tokens and its share l of the row sum. Branch-free as in the wide kernel: while nothing is
 /// valid the maximum used is 0, so no -inf - -inf arises.
