@@ -379,6 +379,51 @@ DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::i
   return slot < a.cache.extent(0) ? slot : -1;
 }
 
+/// Where the 512 values of the (row t, split j, head h) state go: the split states in scratch when
+/// S > 1, else the output row o(t, h, :), whose dim stride may be any. `vec`: stride 1 and
+/// 16-byte aligned, so dims d..d+1 (d even) and d..d+3 (d a multiple of 4) are one store.
+/// The kernels scale their accumulators by 1 / l, one division per state: a division per value
+/// (each with its slow-path branch) made the write-back code longer than the tile loop, and at
+/// batch 1, where it runs once per CTA from a cold instruction cache, it took a third of the
+/// consumers' time (see docs/performance.md, run 11).
+struct StateRow {
+  float* p;
+  std::int64_t stride;  // elements between consecutive dims
+  bool vec;
+  DCPATTN_DEVICE void put(int d, float v) const { p[d * stride] = v; }
+  DCPATTN_DEVICE void put2(int d, float v0, float v1) const {
+    if (vec) {
+      *reinterpret_cast<float2*>(p + d) = make_float2(v0, v1);
+    } else {
+      p[d * stride] = v0;
+      p[(d + 1) * stride] = v1;
+    }
+  }
+  DCPATTN_DEVICE void put4(int d, float v0, float v1, float v2, float v3) const {
+    if (vec) {
+      *reinterpret_cast<float4*>(p + d) = make_float4(v0, v1, v2, v3);
+    } else {
+      p[d * stride] = v0;
+      p[(d + 1) * stride] = v1;
+      p[(d + 2) * stride] = v2;
+      p[(d + 3) * stride] = v3;
+    }
+  }
+};
+
+template <class Args>
+DCPATTN_DEVICE StateRow state_row(const Args& a, int j, std::int64_t t, int h) {
+  float* p = nullptr;
+  std::int64_t stride = 1;
+  if (a.num_splits > 1) {
+    p = a.scratch_o + ((std::int64_t(j) * a.tokens + t) * a.heads + h) * kMlaVDim;
+  } else {
+    p = &a.o(t, std::int64_t(h), std::int64_t(0));
+    stride = a.o.stride(2);
+  }
+  return StateRow{p, stride, stride == 1 && (reinterpret_cast<std::uintptr_t>(p) & 15) == 0};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kernels
 
@@ -654,17 +699,13 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
     const float l = l_s[r];
     const bool empty = l == 0.0f;
     const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+    const StateRow out = state_row(a, j, t, h);
+    const float inv = empty ? 0.0f : 1.0f / l;
 #pragma unroll
     for (int nt = 0; nt < kNtPv; ++nt) {
       const int d = nw * kDvPerWarp + nt * 8 + 2 * (lane & 3);
-      const float v0 = empty ? 0.0f : oacc[nt][2 * half] / l;
-      const float v1 = empty ? 0.0f : oacc[nt][2 * half + 1] / l;
-      if (S > 1) {
-        *reinterpret_cast<float2*>(a.scratch_o + state * kMlaVDim + d) = make_float2(v0, v1);
-      } else {
-        a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
-        a.o(t, std::int64_t(h), std::int64_t(d + 1)) = v1;
-      }
+      out.put2(d, empty ? 0.0f : oacc[nt][2 * half] * inv,
+               empty ? 0.0f : oacc[nt][2 * half + 1] * inv);
     }
     if (nw == 0 && (lane & 3) == 0) {
       const float lse = empty ? kNegInf : m_s[r] + logf(l);
@@ -1607,19 +1648,14 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
     const float lq = lsum_s[h];
     const bool empty_state = lq == 0.0f;
     const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+    const StateRow out = state_row(a, j, t, h);
+    const float inv = empty_state ? 0.0f : 1.0f / lq;
     const int e = elem_of(q);
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb) {
       const int d = 256 * g + 64 * mb + r0;
-      const float v0 = empty_state ? 0.0f : o[mb][e] / lq;
-      const float v1 = empty_state ? 0.0f : o[mb][e + 2] / lq;
-      if (S > 1) {
-        a.scratch_o[state * kMlaVDim + d] = v0;
-        a.scratch_o[state * kMlaVDim + d + 8] = v1;
-      } else {
-        a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
-        a.o(t, std::int64_t(h), std::int64_t(d + 8)) = v1;
-      }
+      out.put(d, empty_state ? 0.0f : o[mb][e] * inv);
+      out.put(d + 8, empty_state ? 0.0f : o[mb][e + 2] * inv);
     }
     if (g == 0 && wq == 0 && lane < 4) {
       const float lse = empty_state ? kNegInf : m[q] + logf(lq);
@@ -2058,24 +2094,16 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
     if (h >= a.heads) continue;
     const float lq = lsum_all[h] + lsum_all[kNarrowHeads + h];
     const bool empty_state = lq == 0.0f;
-    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+    const StateRow out = state_row(a, j, t, h);
+    const float inv = empty_state ? 0.0f : 1.0f / lq;
     const int e = elem_of(q);
 #pragma unroll
     for (int grp = 0; grp < kGroups; ++grp) {
-      const float f = fin[grp];
-      float v[4];
-      v[0] = empty_state ? 0.0f : o[2 * grp][e] * f / lq;
-      v[1] = empty_state ? 0.0f : o[2 * grp][e + 2] * f / lq;
-      v[2] = empty_state ? 0.0f : o[2 * grp + 1][e] * f / lq;
-      v[3] = empty_state ? 0.0f : o[2 * grp + 1][e + 2] * f / lq;
-      const int d = 128 * grp + doff;
-      if (S > 1) {
-        *reinterpret_cast<float4*>(a.scratch_o + state * kMlaVDim + d) =
-            make_float4(v[0], v[1], v[2], v[3]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) a.o(t, std::int64_t(h), std::int64_t(d + k)) = v[k];
-      }
+      const float f = fin[grp] * inv;  // a power of two times 1 / l
+      out.put4(128 * grp + doff, empty_state ? 0.0f : o[2 * grp][e] * f,
+               empty_state ? 0.0f : o[2 * grp][e + 2] * f,
+               empty_state ? 0.0f : o[2 * grp + 1][e] * f,
+               empty_state ? 0.0f : o[2 * grp + 1][e + 2] * f);
     }
   }
 }
@@ -2548,17 +2576,12 @@ __global__ void __launch_bounds__(
       const float l = xrow[r] + xrow[kHeads + r];
       const bool empty_state = l == 0.0f;
       const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+      const StateRow out = state_row(a, j, t, h);
+      const float inv = empty_state ? 0.0f : 1.0f / l;
 #pragma unroll
       for (int c = 0; c < 32; ++c) {
-        const int d = 256 * g + 8 * c + 2 * (lane & 3);
-        const float v0 = empty_state ? 0.0f : o[4 * c + 2 * half] / l;
-        const float v1 = empty_state ? 0.0f : o[4 * c + 2 * half + 1] / l;
-        if (S > 1) {
-          *reinterpret_cast<float2*>(a.scratch_o + state * kMlaVDim + d) = make_float2(v0, v1);
-        } else {
-          a.o(t, std::int64_t(h), std::int64_t(d)) = v0;
-          a.o(t, std::int64_t(h), std::int64_t(d + 1)) = v1;
-        }
+        out.put2(256 * g + 8 * c + 2 * (lane & 3), empty_state ? 0.0f : o[4 * c + 2 * half] * inv,
+                 empty_state ? 0.0f : o[4 * c + 2 * half + 1] * inv);
       }
       if (g == 0 && (lane & 3) == 0) {
         const float lse = empty_state ? kNegInf : (half ? m_1 : m_0) + logf(l);
