@@ -148,6 +148,13 @@ struct SplitSmem {
 struct QDesc {
   const bfloat16* data;
   std::int64_t st, sh, sr, sd, hl;
+  /// Element (t, h, 0). h and hl are below 2^31 (validate_common bounds T x H), so the rank and
+  /// the head within it come from a 32-bit division: a 64-bit one per 16-byte chunk was most of
+  /// the producer's time before its first tile at batch 1.
+  DCPATTN_DEVICE const bfloat16* row(std::int64_t t, int h) const {
+    const int l = int(hl);
+    return data + t * st + std::int64_t(h / l) * sr + std::int64_t(h % l) * sh;
+  }
 };
 /// Any other query view (another layout or accessor, or float elements): read element by element
 /// through the view and rounded to bf16.
@@ -260,8 +267,7 @@ DCPATTN_DEVICE void load_q_block(const QDesc& q, std::int64_t t, int h0, int hea
       store_zero16(dst);
       continue;
     }
-    const bfloat16* src =
-        q.data + t * q.st + (h / q.hl) * q.sr + (h % q.hl) * q.sh + std::int64_t(c) * 8 * q.sd;
+    const bfloat16* src = q.row(t, h) + std::int64_t(c) * 8 * q.sd;
     if (q.sd == 1 && (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0) {
       cp_async_16(smem_u32(dst), src);
     } else {
@@ -1154,25 +1160,30 @@ DCPATTN_DEVICE void zero16(unsigned char* dst) {
 template <int kRows>
 DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
                            int tid) {
+  // Warp w takes rows w, w + 4, ...; lane l chunks l, l + 32 and l + 64 (< 72) of each: one row
+  // address per row and lane.
   constexpr int kChunks = kMlaQkDim / 8;  // 72
-  for (int i = tid; i < kRows * kChunks; i += kProducers) {
-    const int r = i / kChunks, c = i % kChunks;
+  const int lane = tid & 31;
+  for (int r = tid >> 5; r < kRows; r += kProducers / 32) {
     const int h = h0 + r;
-    unsigned char* dst = q_s + tile_offset<kRows>(r, c);
-    if (h >= heads) {
-      zero16(dst);
-      continue;
-    }
-    const bfloat16* src =
-        q.data + t * q.st + (h / q.hl) * q.sr + (h % q.hl) * q.sh + std::int64_t(c) * 8 * q.sd;
-    if (q.sd == 1 && (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0) {
-      cp_async_16z(smem_u32(dst), src, true);
-    } else {
-      std::uint32_t w[4];
+    const bfloat16* src = h < heads ? q.row(t, h) : nullptr;
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        w[e] = pack_bf16(src[(2 * e) * q.sd].bits, src[(2 * e + 1) * q.sd].bits);
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int c = lane; c < kChunks; c += 32) {
+      unsigned char* dst = q_s + tile_offset<kRows>(r, c);
+      if (src == nullptr) {
+        zero16(dst);
+        continue;
+      }
+      const bfloat16* s = src + std::int64_t(c) * 8 * q.sd;
+      if (q.sd == 1 && (reinterpret_cast<std::uintptr_t>(s) & 15u) == 0) {
+        cp_async_16z(smem_u32(dst), s, true);
+      } else {
+        std::uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          w[e] = pack_bf16(s[(2 * e) * q.sd].bits, s[(2 * e + 1) * q.sd].bits);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
     }
   }
 }
@@ -1282,7 +1293,7 @@ DCPATTN_DEVICE void e4m3x4_to_f16x2x2(std::uint32_t w, std::uint32_t& lo, std::u
 
 /// Bits of query element (t, h, d) (bf16; float views rounded).
 DCPATTN_DEVICE std::uint16_t q_bits(const QDesc& q, std::int64_t t, int h, int d) {
-  return q.data[t * q.st + (h / q.hl) * q.sr + (h % q.hl) * q.sh + std::int64_t(d) * q.sd].bits;
+  return q.row(t, h)[std::int64_t(d) * q.sd].bits;
 }
 template <class QView>
 DCPATTN_DEVICE std::uint16_t q_bits(const GenericQ<QView>& q, std::int64_t t, int h, int d) {
@@ -2315,11 +2326,12 @@ __global__ void __launch_bounds__(
     };
 
     const bool any_work = kSparse ? list > 0 : n > 0;
+    // The query block's copies go out first: they do not wait on the block table.
+    if constexpr (!L::reg_a) {
+      if (any_work) load_q<kRows>(a.q, t, h0, a.heads, q_s, ptid);
+    }
     int n_cur = any_work ? next_tile(0) : 0;
     if (!any_work && ptid == 0) count_s[0] = 0;
-    if constexpr (!L::reg_a) {
-      if (n_cur > 0) load_q<kRows>(a.q, t, h0, a.heads, q_s, ptid);
-    }
     if constexpr (L::reg_a) {
       // R raw stages handed over like the bf16 stages (full / empty by stage), with the full
       // arrival made by the copies themselves (cp.async.mbarrier.arrive): tile k is published as
