@@ -392,6 +392,21 @@ DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::i
 /// (each with its slow-path branch) made the write-back code longer than the tile loop, and at
 /// batch 1, where it runs once per CTA from a cold instruction cache, it took a third of the
 /// consumers' time (see docs/performance.md, run 11).
+/// Programmatic dependent launch (compute capability 9.x; no-ops below): the split kernels let the
+/// merge kernel's launch begin as soon as every split CTA has started (launch_dependents), and the
+/// merge kernel waits for the split kernel's completion and memory (wait) before it reads a state.
+/// The merge's launch latency then overlaps the split kernel's last tiles.
+DCPATTN_DEVICE void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+DCPATTN_DEVICE void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 struct StateRow {
   float* p;
   std::int64_t stride;  // elements between consecutive dims
@@ -764,6 +779,7 @@ __global__ void __launch_bounds__(kMlaVDim)
   __shared__ float lse_s[S];
   __shared__ float wa_s[kLevels > 0 ? kLevels : 1][S > 1 ? S / 2 : 1];
   __shared__ float wb_s[kLevels > 0 ? kLevels : 1][S > 1 ? S / 2 : 1];
+  pdl_wait();  // the states (and, launched after a split kernel, its whole grid) are complete
   const std::int64_t row = std::int64_t(blockIdx.x);  // t * heads + h
   const std::int64_t t = row / heads;
   const int h = int(row % heads);
@@ -2212,6 +2228,7 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();  // barriers initialized (the last CTA-wide barrier)
+  pdl_launch_dependents();
 
   if (warp >= L::consumers / 32) {
     // ===================================== producer =====================================
@@ -2816,18 +2833,29 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
 }
 
 /// Launches the merge kernel of `count` states (count, T, H, 512) + (count, T, H); count is a
-/// power of two in [1, 64] (checked by the callers; 1 copies the state).
+/// power of two in [1, 64] (checked by the callers; 1 copies the state). `after_split`: the
+/// previous operation on `stream` is the split kernel that wrote the states; on a compute
+/// capability 9.x device the merge is then launched as its programmatic dependent (pdl_wait).
 inline void launch_merge(const float* states_o, const float* states_lse, int count,
                          std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
-                         TensorView<float, 2> lse, cudaStream_t stream) {
+                         TensorView<float, 2> lse, cudaStream_t stream, bool after_split = false) {
   const std::int64_t rows = tokens * std::int64_t(heads);
   if (rows == 0) return;
-  const unsigned grid = unsigned(rows);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(rows));
+  config.blockDim = dim3(unsigned(kMlaVDim));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = after_split && use_wgmma_kernel() ? 1 : 0;
   switch (count) {
-#define DCPATTN_MLA_MERGE_CASE(S)                                                           \
-  case S:                                                                                   \
-    mla_merge_kernel<S><<<grid, kMlaVDim, 0, stream>>>(states_o, states_lse, tokens, heads, \
-                                                       num_valid_rows, o, lse);             \
+#define DCPATTN_MLA_MERGE_CASE(S)                                                              \
+  case S:                                                                                      \
+    DCPATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_kernel<S>, states_o, states_lse, \
+                                          tokens, heads, num_valid_rows, o, lse));            \
     break;
     DCPATTN_MLA_MERGE_CASE(1)
     DCPATTN_MLA_MERGE_CASE(2)
@@ -2992,7 +3020,7 @@ void mla_decode_dense(const QView& q, const CacheView& cache,
     float* sl = so + std::size_t(p.num_splits) * std::size_t(q.extent(0)) *
                          std::size_t(q.extent(1)) * kMlaVDim;
     detail::mla::launch_merge(so, sl, p.num_splits, q.extent(0), int(q.extent(1)), p.num_valid_rows,
-                              o, lse, stream);
+                              o, lse, stream, /*after_split=*/true);
   }
 }
 
@@ -3025,7 +3053,7 @@ void mla_decode_sparse(const QView& q, const CacheView& cache,
     float* sl = so + std::size_t(p.num_splits) * std::size_t(q.extent(0)) *
                          std::size_t(q.extent(1)) * kMlaVDim;
     detail::mla::launch_merge(so, sl, p.num_splits, q.extent(0), int(q.extent(1)), p.num_valid_rows,
-                              o, lse, stream);
+                              o, lse, stream, /*after_split=*/true);
   }
 }
 
