@@ -2852,8 +2852,8 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
   config.attrs = &attr;
   config.numAttrs = after_split && use_wgmma_kernel() ? 1 : 0;
   switch (count) {
-#define DCPATTN_MLA_MERGE_CASE(S)                                                              \
-  case S:                                                                                      \
+#define DCPATTN_MLA_MERGE_CASE(S)                                                             \
+  case S:                                                                                     \
     DCPATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_kernel<S>, states_o, states_lse, \
                                           tokens, heads, num_valid_rows, o, lse));            \
     break;
