@@ -1172,15 +1172,17 @@ DCPATTN_DEVICE void zero16(unsigned char* dst) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
 }
 
-/// Query rows [h0, h0 + kRows) of token t into the swizzled Q block; rows >= heads are zero.
-template <int kRows>
+/// Query rows [h0, h0 + kRows) of token t into the swizzled Q block by kBy threads (thread tid);
+/// rows >= heads are zero. cp.async where the row is contiguous and aligned, else stores: the
+/// caller waits for its copies (cp_async_wait_all) and fences them for the tensor cores.
+template <int kRows, int kBy>
 DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
                            int tid) {
-  // Warp w takes rows w, w + 4, ...; lane l chunks l, l + 32 and l + 64 (< 72) of each: one row
-  // address per row and lane.
+  // Warp w takes rows w, w + kBy / 32, ...; lane l chunks l, l + 32 and l + 64 (< 72) of each:
+  // one row address per row and lane.
   constexpr int kChunks = kMlaQkDim / 8;  // 72
   const int lane = tid & 31;
-  for (int r = tid >> 5; r < kRows; r += kProducers / 32) {
+  for (int r = tid >> 5; r < kRows; r += kBy / 32) {
     const int h = h0 + r;
     const bfloat16* src = h < heads ? q.row(t, h) : nullptr;
 #pragma unroll
@@ -1203,10 +1205,10 @@ DCPATTN_DEVICE void load_q(const QDesc& q, std::int64_t t, int h0, int heads, un
     }
   }
 }
-template <int kRows, class QView>
+template <int kRows, int kBy, class QView>
 DCPATTN_DEVICE void load_q(const GenericQ<QView>& q, std::int64_t t, int h0, int heads,
                            unsigned char* q_s, int tid) {
-  for (int i = tid; i < kRows * kMlaQkDim; i += kProducers) {
+  for (int i = tid; i < kRows * kMlaQkDim; i += kBy) {
     const int r = i / kMlaQkDim, d = i % kMlaQkDim;
     const int h = h0 + r;
     std::uint16_t bits = 0;
@@ -2139,7 +2141,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 /// fastest (the CTAs reading the same tiles run side by side), then split, then row.
 ///
 /// Roles. Warpgroup 2 (the producer) computes each tile's slots, copies the tile into shared
-/// memory and, for the fp8 cache, dequantizes it; warpgroups 0 and 1 (the consumers) compute.
+/// memory and, for the fp8 cache, copies the query block and dequantizes the tile; warpgroups 0
+/// and 1 (the consumers) compute, and for the bf16 cache first build the query block.
 /// Tile i's slots sit in slot buffer i mod 4 with its token count (0: the split is done).
 ///   bf16: two K/V stages; tile i + 1 is copied while tile i is computed. The hand-over is a pair
 ///         of mbarriers per stage: `full` (the producer's 128 threads arrive once a tile's bytes
@@ -2343,9 +2346,10 @@ __global__ void __launch_bounds__(
     };
 
     const bool any_work = kSparse ? list > 0 : n > 0;
-    // The query block's copies go out first: they do not wait on the block table.
-    if constexpr (!L::reg_a) {
-      if (any_work) load_q<kRows>(a.q, t, h0, a.heads, q_s, ptid);
+    if constexpr (kFp8 && !L::reg_a) {
+      // The 64-head fp8 kernel's producer copies the query block, first: the copies do not wait
+      // on the block table. (Its consumers copying it instead made every tile about 10% slower.)
+      if (any_work) load_q<kRows, kProducers>(a.q, t, h0, a.heads, q_s, ptid);
     }
     int n_cur = any_work ? next_tile(0) : 0;
     if (!any_work && ptid == 0) count_s[0] = 0;
@@ -2459,6 +2463,15 @@ __global__ void __launch_bounds__(
   if constexpr (!L::reg_a)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 #endif
+  if constexpr (!kFp8) {
+    // bf16: the consumers build the query block while the producer reads the block table and
+    // copies the first tiles; with the producer's four warps issuing both, the first tile came
+    // about 5 us later at batch 1 (docs/performance.md, run 11).
+    load_q<kRows, kConsumers>(a.q, t, h0, a.heads, q_s, tid);
+    cp_async_wait_all();
+    fence_proxy_async();
+    consumer_barrier();
+  }
   if constexpr (L::reg_a) {
     narrow_fp8_consumers<kSparse>(a, smem, t, j);
   } else if constexpr (kRows == kNarrowHeads) {
