@@ -40,7 +40,7 @@
 //   - O += P V: P rounded to bf16 (as FlashAttention does), V by ldmatrix.trans, mma.sync with an
 //     fp32 accumulator in registers (warp w: 16 heads x 512 / (8/HT) value dims); the row sum l
 //     uses the unrounded fp32 probabilities, so lse is fp32-accurate;
-//   - the state o = acc / l, lse = m + logf(l) goes to scratch (S, T, H, 512) + (S, T, H), or
+//   - the state o = acc x (1 / l), lse = m + logf(l) goes to scratch (S, T, H, 512) + (S, T, H), or
 //     straight to o/lse when S = 1; mla_merge_kernel (a CTA per (row, head), a dim per thread)
 //     then merges the S states.
 //
