@@ -385,13 +385,6 @@ DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::i
   return slot < a.cache.extent(0) ? slot : -1;
 }
 
-/// Where the 512 values of the (row t, split j, head h) state go: the split states in scratch when
-/// S > 1, else the output row o(t, h, :), whose dim stride may be any. `vec`: stride 1 and
-/// 16-byte aligned, so dims d..d+1 (d even) and d..d+3 (d a multiple of 4) are one store.
-/// The kernels scale their accumulators by 1 / l, one division per state: a division per value
-/// (each with its slow-path branch) made the write-back code longer than the tile loop, and at
-/// batch 1, where it runs once per CTA from a cold instruction cache, it took a third of the
-/// consumers' time (see docs/performance.md, run 11).
 /// Programmatic dependent launch (compute capability 9.x; no-ops below): the split kernels let the
 /// merge kernel's launch begin as soon as every split CTA has started (launch_dependents), and the
 /// merge kernel waits for the split kernel's completion and memory (wait) before it reads a state.
@@ -407,6 +400,13 @@ DCPATTN_DEVICE void pdl_wait() {
 #endif
 }
 
+/// Where the 512 values of the (row t, split j, head h) state go: the split states in scratch when
+/// S > 1, else the output row o(t, h, :), whose dim stride may be any. `vec`: stride 1 and
+/// 16-byte aligned, so dims d..d+1 (d even) and d..d+3 (d a multiple of 4) are one store.
+/// The kernels scale their accumulators by 1 / l, one division per state: a division per value
+/// (each with its slow-path branch) made the write-back code longer than the tile loop, and at
+/// batch 1, where it runs once per CTA from a cold instruction cache, it took a third of the
+/// consumers' time (see docs/performance.md, run 11).
 struct StateRow {
   float* p;
   std::int64_t stride;  // elements between consecutive dims
