@@ -49,10 +49,13 @@ constexpr DCPATTN_HOST_DEVICE std::int64_t mla_split_length(std::int64_t local_l
   const std::int64_t clamped = tail < 0 ? 0 : (tail > interleave ? interleave : tail);
   return (local_length / span) * interleave + clamped;
 }
-/// Local position of the k-th token (ascending) of split j.
-constexpr DCPATTN_HOST_DEVICE std::int64_t mla_split_position(std::int64_t k, int j, int num_splits,
-                                                              int interleave) noexcept {
-  return ((k / interleave) * num_splits + j) * interleave + k % interleave;
+/// Local position of the k-th token (ascending) of split j, in k's integer type (std::int64_t;
+/// the CUDA kernels use std::uint32_t where every local position is below 2^31).
+template <class Index>
+constexpr DCPATTN_HOST_DEVICE Index mla_split_position(Index k, int j, int num_splits,
+                                                       int interleave) noexcept {
+  const Index il = Index(interleave);
+  return ((k / il) * Index(num_splits) + Index(j)) * il + k % il;
 }
 /// Split of local position p.
 constexpr DCPATTN_HOST_DEVICE int mla_split_of(std::int64_t p, int num_splits,

@@ -400,9 +400,10 @@ DCPATTN_DEVICE void pdl_wait() {
 #endif
 }
 
-/// Where the 512 values of the (row t, split j, head h) state go: the split states in scratch when
-/// S > 1, else the output row o(t, h, :), whose dim stride may be any. `vec`: stride 1 and
-/// 16-byte aligned, so dims d..d+1 (d even) and d..d+3 (d a multiple of 4) are one store.
+/// Where the (row t, split j, head h) state goes: its 512 values and its lse to the split states
+/// in scratch when S > 1, else to the output row o(t, h, :), whose dim stride may be any, and
+/// lse(t, h). `vec`: stride 1 and 16-byte aligned, so dims d..d+1 (d even) and d..d+3 (d a
+/// multiple of 4) are one store.
 /// The kernels scale their accumulators by 1 / l, one division per state: a division per value
 /// (each with its slow-path branch) made the write-back code longer than the tile loop, and at
 /// batch 1, where it runs once per CTA from a cold instruction cache, it took a third of the
@@ -411,6 +412,8 @@ struct StateRow {
   float* p;
   std::int64_t stride;  // elements between consecutive dims
   bool vec;
+  float* lse;
+  DCPATTN_DEVICE void put_lse(float v) const { *lse = v; }
   DCPATTN_DEVICE void put(int d, float v) const { p[d * stride] = v; }
   DCPATTN_DEVICE void put2(int d, float v0, float v1) const {
     if (vec) {
@@ -435,14 +438,18 @@ struct StateRow {
 template <class Args>
 DCPATTN_DEVICE StateRow state_row(const Args& a, int j, std::int64_t t, int h) {
   float* p = nullptr;
+  float* lse = nullptr;
   std::int64_t stride = 1;
   if (a.num_splits > 1) {
-    p = a.scratch_o + ((std::int64_t(j) * a.tokens + t) * a.heads + h) * kMlaVDim;
+    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+    p = a.scratch_o + state * kMlaVDim;
+    lse = a.scratch_lse + state;
   } else {
     p = &a.o(t, std::int64_t(h), std::int64_t(0));
     stride = a.o.stride(2);
+    lse = &a.lse(t, std::int64_t(h));
   }
-  return StateRow{p, stride, stride == 1 && (reinterpret_cast<std::uintptr_t>(p) & 15) == 0};
+  return StateRow{p, stride, stride == 1 && (reinterpret_cast<std::uintptr_t>(p) & 15) == 0, lse};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -719,7 +726,6 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
     if (h >= a.heads) continue;
     const float l = l_s[r];
     const bool empty = l == 0.0f;
-    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
     const StateRow out = state_row(a, j, t, h);
     const float inv = empty ? 0.0f : 1.0f / l;
 #pragma unroll
@@ -730,10 +736,7 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
     }
     if (nw == 0 && (lane & 3) == 0) {
       const float lse = empty ? kNegInf : m_s[r] + logf(l);
-      if (S > 1)
-        a.scratch_lse[state] = lse;
-      else
-        a.lse(t, std::int64_t(h)) = lse;
+      out.put_lse(lse);
     }
   }
 }
@@ -1533,7 +1536,6 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
   const int wq = warp & 3;  // warp in the warpgroup: tokens [16 wq, +16) of S^T
   const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;  // this thread's rows (tokens, or dims)
   const int hc = 2 * (lane & 3);  // this thread's heads: 8 jn + hc + e, index q = 2 jn + e
-  const int S = a.num_splits;
   const int* slot_s = reinterpret_cast<const int*>(smem + L::slot);
   const int* count_s = reinterpret_cast<const int*>(smem + L::count);
   // 128 floats: the column maxima of warpgroup 0's 4 warps [4][16], then the rescale factors by
@@ -1676,7 +1678,6 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
     if (h >= a.heads) continue;
     const float lq = lsum_s[h];
     const bool empty_state = lq == 0.0f;
-    const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
     const StateRow out = state_row(a, j, t, h);
     const float inv = empty_state ? 0.0f : 1.0f / lq;
     const int e = elem_of(q);
@@ -1688,10 +1689,7 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
     }
     if (g == 0 && wq == 0 && lane < 4) {
       const float lse = empty_state ? kNegInf : m[q] + logf(lq);
-      if (S > 1)
-        a.scratch_lse[state] = lse;
-      else
-        a.lse(t, std::int64_t(h)) = lse;
+      out.put_lse(lse);
     }
   }
 }
@@ -1751,7 +1749,6 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   const int wq = warp & 3;
   const int gq = lane >> 2, c = lane & 3;
   const int hc = 2 * c;  // this thread's heads: 8 jn + hc + e, index q = 2 jn + e
-  const int S = a.num_splits;
   const int* slot_s = reinterpret_cast<const int*>(smem + L::slot);
   const int* count_s = reinterpret_cast<const int*>(smem + L::count);
   // xrow: 64 floats unused here, then the softmax's rescale factors by tile parity [2][16].
@@ -2020,12 +2017,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
         const int h = head_of(q);  // one head block: h0 = 0
         if (h >= a.heads) continue;
         const float lq = lsum_all[h] + lsum_all[kNarrowHeads + h];
-        const float lse = lq == 0.0f ? kNegInf : mf[q] + logf(lq);
-        const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
-        if (S > 1)
-          a.scratch_lse[state] = lse;
-        else
-          a.lse(t, std::int64_t(h)) = lse;
+        state_row(a, j, t, h).put_lse(lq == 0.0f ? kNegInf : mf[q] + logf(lq));
       }
     }
     return;
@@ -2269,10 +2261,9 @@ __global__ void __launch_bounds__(
       if (ptid < kTileTokens && k0 + ptid < n) {
         std::int64_t page_index;
         if (pos32) {
-          const std::uint32_t k = std::uint32_t(k0 + ptid), il = std::uint32_t(a.interleave);
-          const std::uint32_t ps = std::uint32_t(a.page_size), q = k / il;
-          const std::uint32_t pos = (q * std::uint32_t(S) + std::uint32_t(j)) * il + (k - q * il);
-          const std::uint32_t pi = pos / ps;
+          const std::uint32_t pos =
+              mla_split_position(std::uint32_t(k0 + ptid), j, S, a.interleave);
+          const std::uint32_t ps = std::uint32_t(a.page_size), pi = pos / ps;
           page_index = pi;
           ahead_off = pos - pi * ps;
         } else {
@@ -2358,10 +2349,10 @@ __global__ void __launch_bounds__(
       // arrival made by the copies themselves (cp.async.mbarrier.arrive): tile k is published as
       // soon as its bytes land, whatever the producer waits on meanwhile. Tiles 0 .. R - 1 are
       // copied at once (the score warpgroups build the query block meanwhile); tile k >= R goes
-      // to the stage of tile k - R
-      // once its readers are done with it, and its slots to slot buffer k mod SB, which every
-      // consumer is done with by then. The end of the split is marked twice, at tiles n and
-      // n + 1, so that each score warpgroup reads a marker (narrow_fp8_consumers).
+      // to the stage of tile k - R once its readers are done with it, and its slots to slot
+      // buffer k mod SB, which every consumer is done with by then. The end of the split is marked
+      // twice, at tiles n and n + 1, so that each score warpgroup reads a marker
+      // (narrow_fp8_consumers).
       constexpr int R = L::raw_stages;
       constexpr int SB = L::slot_bufs;
       auto load_raw = [&](int k) {
@@ -2617,7 +2608,6 @@ __global__ void __launch_bounds__(
       if (h >= a.heads) continue;
       const float l = xrow[r] + xrow[kHeads + r];
       const bool empty_state = l == 0.0f;
-      const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
       const StateRow out = state_row(a, j, t, h);
       const float inv = empty_state ? 0.0f : 1.0f / l;
 #pragma unroll
@@ -2627,10 +2617,7 @@ __global__ void __launch_bounds__(
       }
       if (g == 0 && (lane & 3) == 0) {
         const float lse = empty_state ? kNegInf : (half ? m_1 : m_0) + logf(l);
-        if (S > 1)
-          a.scratch_lse[state] = lse;
-        else
-          a.lse(t, std::int64_t(h)) = lse;
+        out.put_lse(lse);
       }
     }
   }
