@@ -1567,6 +1567,7 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
   for (int i = 0;; ++i) {
     const int st = i & 1;
     mbar_wait(&full[st], (i >> 1) & 1);
+    fence_proxy_async();  // the tile's copies, landed, for the tensor cores
     const int n_tile = count_s[i % kSlotBufs];
     if (n_tile == 0) break;
     const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
@@ -2389,24 +2390,35 @@ __global__ void __launch_bounds__(
         mbar_arrive(&full[k % R]);  // an end marker: the consumers read the count 0 and stop
       }
     } else if constexpr (!kFp8) {
-      if (n_cur > 0) load_tile_direct(a.cache, a.cache_vector, slot_s, stage(0), ptid);
-      cp_async_commit();
-      for (int i = 0;; ++i) {
-        // Tile i is in flight (or is the end marker): compute the next tile's slots meanwhile.
-        const int n_next = n_cur > 0 ? next_tile((i + 1) % kSlotBufs) : 0;
-        if (n_cur > 0 && n_next == 0 && ptid == 0) count_s[(i + 1) % kSlotBufs] = 0;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        mbar_arrive(&full[i & 1]);  // tile i (or the end marker) handed over
-        if (n_cur == 0) break;
-        // Tile i + 1 goes to the stage of tile i - 1: wait until the consumers are done with it.
-        if (i >= 1) mbar_wait(&empty[(i + 1) & 1], ((i - 1) >> 1) & 1);
-        if (n_next > 0)
-          load_tile_direct(a.cache, a.cache_vector, slot_s + ((i + 1) % kSlotBufs) * kTileTokens,
-                           stage((i + 1) & 1), ptid);
-        cp_async_commit();
-        n_cur = n_next;
+      // Tile k is handed over by its own copies: each producer thread's arrival on full[k mod 2]
+      // is made when its copies of tile k have landed (cp.async.mbarrier.arrive; the consumers
+      // fence them for the tensor cores), so the producer goes on to tile k + 1 as soon as its
+      // stage is free instead of waiting for tile k to land. Issuing a tile's copies takes about
+      // as long as the consumers' products of a tile (docs/performance.md, run 12): two tiles'
+      // copies must be in flight, or the tiles come one issue-plus-landing time apart.
+      auto hand_over = [&](int k, int n_k) {
+        if (n_k > 0) {
+          unsigned char* dst = stage(k & 1);
+          const int* slots = slot_s + (k % kSlotBufs) * kTileTokens;
+          if (a.cache_vector && is_plain_strided_v<CacheView>) {
+            load_tile_direct(a.cache, true, slots, dst, ptid);
+            cp_async_mbar_arrive(&full[k & 1]);
+            return;
+          }
+          load_tile_direct(a.cache, false, slots, dst, ptid);  // complete on return
+          fence_proxy_async();
+        }
+        mbar_arrive(&full[k & 1]);  // the copies, or the end marker (count 0)
+      };
+      int n_k = n_cur;
+      hand_over(0, n_k);
+      for (int k = 1; n_k > 0; ++k) {
+        n_k = next_tile(k % kSlotBufs);  // the slots of tile k (count 0: the end marker)
+        // Tile k goes to the stage of tile k - 2: wait until the consumers are done with it.
+        if (k >= 2) mbar_wait(&empty[k & 1], ((k - 2) >> 1) & 1);
+        hand_over(k, n_k);
       }
+      cp_async_wait_all();  // nothing of this thread's is in flight when it leaves
     } else {
       // R raw stages: tiles 0 .. R - 1 are copied ahead, then tile i + R into tile i's stage once
       // tile i is dequantized. One cp.async group per tile.
@@ -2488,6 +2500,7 @@ __global__ void __launch_bounds__(
         cta_handover(&full[0], i & 1);
       } else {
         mbar_wait(&full[st], (i >> 1) & 1);
+        fence_proxy_async();  // the tile's copies, landed, for the tensor cores
       }
       const int n_tile = count_s[i % kSlotBufs];
       if (n_tile == 0) break;
