@@ -828,8 +828,9 @@ __global__ void __launch_bounds__(kMlaVDim)
 //     a 64-row tile of 576 bf16 is 9 column blocks of 64 dims, each 64 rows x 128 bytes with
 //     16-byte chunk c of row r at chunk c ^ (r mod 8); Q block, K/V tiles, P (64 x 64 bf16);
 //   - bf16 cache: two K/V stages; the tile after the current one is copied (cp.async, 16 B,
-//     zero-filled for missing tokens) while the current one is computed; fp8 cache: one stage
-//     of raw 656-byte entries copied the same way, dequantized into the single K/V stage;
+//     zero-filled for missing tokens, handed over by the copies' own mbarrier arrivals) while
+//     the current one is computed; fp8 cache: one stage of raw 656-byte entries copied with
+//     cp.async and handed over CTA-wide, dequantized into the single K/V stage;
 //   - S = Q K^T: warpgroup g computes the 64 heads x tokens [32 g, 32 g + 32) of the tile with
 //     wgmma m64n32k16 (36 k-steps in order, fp32 accumulators);
 //   - online softmax in registers (each thread holds 2 head rows x 8 tokens), the row maximum
