@@ -2395,8 +2395,9 @@ __global__ void __launch_bounds__(
       // is made when its copies of tile k have landed (cp.async.mbarrier.arrive; the consumers
       // fence them for the tensor cores), so the producer goes on to tile k + 1 as soon as its
       // stage is free instead of waiting for tile k to land. Issuing a tile's copies takes about
-      // as long as the consumers' products of a tile (docs/performance.md, run 12): two tiles'
-      // copies must be in flight, or the tiles come one issue-plus-landing time apart.
+      // as long as the consumers' products of a tile (3470-4210 against 4320-4820 cycles on the
+      // H200, docs/performance.md, run 12): two tiles' copies must be in flight, or the tiles
+      // come one issue-plus-landing time apart.
       auto hand_over = [&](int k, int n_k) {
         if (n_k > 0) {
           unsigned char* dst = stage(k & 1);
