@@ -143,7 +143,12 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   dcpattn::MlaDecodeParams p;
   p.softmax_scale = 0.0721688f;  // 1 / sqrt(192)
   p.page_size = int(kPage);
-  p.interleave = 1;
+  // Dense: splits of whole pages, as DcpAttention's fast mode (DcpAttention::split_interleave);
+  // DCPATTN_BENCH_INTERLEAVE=1 gives the ownership's interleave of deterministic mode instead.
+  // Sparse: the ownership's interleave (1).
+  p.interleave = c.sparse ? 1 : int(kPage);
+  if (const char* il = std::getenv("DCPATTN_BENCH_INTERLEAVE"); il != nullptr && !c.sparse)
+    p.interleave = std::atoi(il);
   p.num_valid_rows = B;
   p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
   if (const char* forced = std::getenv("DCPATTN_BENCH_SPLITS")) p.num_splits = std::atoi(forced);
@@ -195,10 +200,10 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const double tflops = flops / (us * 1e6);
   const double gbs = bytes / (us * 1e3);
   std::printf(
-      "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
+      "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
       "copy)  graph %.1f us\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
-      p.num_splits, us, tflops, gbs, 100.0 * gbs / copy_gbs, graph_us);
+      p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, graph_us);
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -209,6 +214,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("heads", H)
       .field("topk", K)
       .field("num_splits", p.num_splits)
+      .field("interleave", p.interleave)
       .field("flush", write_flush ? "write" : "read")
       .field("median_us", us)
       .field("graph_us", graph_us)

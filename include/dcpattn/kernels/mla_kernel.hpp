@@ -25,7 +25,11 @@ struct MlaDecodeParams {
   float softmax_scale = cuda::std::numeric_limits<float>::quiet_NaN();
   /// Tokens per page of the local paged cache; a positive multiple of `interleave`.
   int page_size = 64;
-  /// I: local tokens per split block (the ownership's interleave). >= 1.
+  /// I: local tokens per split block; split j of a row takes its local positions p with
+  /// (p / I) mod S == j. >= 1. Deterministic mode and the sparse kernel: the ownership's
+  /// interleave (the contract). Fast mode, dense: any divisor of page_size; DcpAttention passes
+  /// page_size, so that a split reads whole pages (the CUDA kernel then copies whole 64-token
+  /// tiles with the tensor memory accelerator when pages are a multiple of 64 tokens).
   int interleave = 1;
   /// S: local splits per row, a power of two >= 1 (V / N in deterministic mode).
   int num_splits = 1;

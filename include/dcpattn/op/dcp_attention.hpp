@@ -200,7 +200,7 @@ class DcpAttention {
     MlaDecodeParams p{};
     p.softmax_scale = c.softmax_scale;
     p.page_size = c.page_size;
-    p.interleave = c.interleave;
+    p.interleave = split_interleave(c);
     p.num_splits = splits_for(c, t, w.attention_bytes);
     p.num_valid_rows = a.num_valid_rows;
     p.error_flags = reinterpret_cast<std::uint32_t*>(base + w.errors);
@@ -293,6 +293,18 @@ class DcpAttention {
       }
     }
     return num_splits(c);
+  }
+
+  /// Local tokens per split block of the dense kernel (MlaDecodeParams::interleave). Deterministic
+  /// mode: the ownership's interleave, so that local split j is virtual shard j N + r (part of
+  /// the numerical contract). Fast mode: a whole page, so a split reads whole pages; with pages of
+  /// a multiple of 64 tokens the CUDA kernel of 64 heads then copies whole tiles with the tensor
+  /// memory accelerator (on the H200, 128 heads: 1 x 128K 127 -> 111-113 us, 8 x 128K 788 ->
+  /// 650-656 us; docs/performance.md, run 13). Sparse: always the ownership's interleave (the kernel maps
+  /// each top-k position to its split through the ownership).
+  static int split_interleave(const DcpConfig& c) noexcept {
+    if constexpr (Kernel::is_sparse) return c.interleave;
+    return c.mode == DcpMode::fast && c.page_size > 0 ? c.page_size : c.interleave;
   }
 
   /// Local splits per rank: V / N (the virtual shards this rank owns) when N divides V, else 1

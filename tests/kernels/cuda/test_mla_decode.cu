@@ -923,7 +923,8 @@ TEST_CASE("CUDA MLA decode gives the same bits for every query and cache layout"
   INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
   // The arithmetic reads q and the cache through shared memory, so the layout (strided, rank-major
   // gathered, unaligned rows on the scalar path, float q rounded to bf16, padded cache rows on the
-  // scalar load path) must not change a single bit.
+  // scalar load path, pages of 64 whose full tiles 64 heads copy with the tensor memory
+  // accelerator) must not change a single bit.
   std::mt19937_64 rng(4242);
   const DenseCase dc = make_dense_case({1, 64, 130, 300}, 1, rng);
   const std::int64_t T = std::int64_t(dc.rows.request.size());
@@ -950,6 +951,8 @@ TEST_CASE("CUDA MLA decode gives the same bits for every query and cache layout"
       const RankCache c1 = build_rank_cache(dc.batch, own1, 0, 16, format, rng);
       const DeviceCache d1(c1);
       const DeviceCache d1_padded(c1, format == CacheFormat::bf16 ? kQk + 4 : kEntry + 4);
+      // The same tokens in pages of 64 (the cache's contents come from the batch, not from rng).
+      const DeviceCache d64(build_rank_cache(dc.batch, own1, 0, 64, format, rng));
       for (int num_splits : {1, 4}) {
         CAPTURE(H, format_name(format), num_splits);
         const MlaDecodeParams p = params(16, 1, num_splits, dc.rows.num_valid);
@@ -958,6 +961,8 @@ TEST_CASE("CUDA MLA decode gives the same bits for every query and cache layout"
         CHECK(bitwise_equal(dense, gpu_dense(q_unal, d1, drows, dlen, p)));
         CHECK(bitwise_equal(dense, gpu_dense(q_rank, d1, drows, dlen, p)));
         CHECK(bitwise_equal(dense, gpu_dense(q_row, d1_padded, drows, dlen, p)));
+        CHECK(bitwise_equal(dense, gpu_dense(q_row, d64, drows, dlen,
+                                             params(64, 1, num_splits, dc.rows.num_valid))));
         if (format == CacheFormat::bf16) {
           const Out f = run_gpu(T, H, num_splits, [&](OutView o, LseView lse, Scratch s) {
             dcpattn::cuda_kernels::mla_decode_dense(qf_view, d1.bf16_view(), d1.table_view(),
@@ -994,7 +999,10 @@ TEST_CASE("CUDA MLA decode skips bad page ids, requests and lengths without read
   const RankCache clean = c1;  // the reference reads keys through the clean table
   c1.block_table[std::size_t(0 * c1.max_pages + 1)] = 1 << 30;  // req 0 page 1: beyond the cache
   c1.block_table[std::size_t(1 * c1.max_pages + 1)] = -3;       // req 1 page 1: negative
-  const std::int64_t H = 16;
+  // 16 heads run the narrow kernel; 64 the wide one, whose full tiles of pages of 64 at one split
+  // are tensor copies: a bad page must send its tiles down the checked path.
+  const std::int64_t H = GENERATE(16, 64);
+  CAPTURE(H);
   Rows rows;
   rows.request = {0, 0, 1, 7, 1, -1};
   rows.bound = {256, 400, 128, 10, -5, 50};  // 400: pages 4.. (table entry -1) and beyond max_pages

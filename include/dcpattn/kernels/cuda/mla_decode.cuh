@@ -76,6 +76,8 @@
 #include <string>
 #include <type_traits>
 
+#include <cuda.h>          // CUtensorMap (types only; no driver library is linked)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled: the encoder, from the runtime
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -191,6 +193,19 @@ struct SplitArgs {
   int page_size;
   float softmax_scale;
   bool cache_vector;  // 16-byte cache path usable (contiguous, aligned rows)
+};
+
+/// The second parameter of the warpgroup kernel. With kOn (the dense bf16 kernel of 64 heads,
+/// where every tile of the launch is 64 consecutive positions of one page: dense_splits), `map`
+/// describes the bf16 cache as a (slots, 576) tensor in 64 x 64 boxes with the 128-byte swizzle,
+/// and a full tile of 64 consecutive slots is copied by the tensor memory accelerator
+/// (cp.async.bulk.tensor: 9 copies) instead of 4608 16-byte cp.async. Without, it is empty: the
+/// other kernels are compiled as if it did not exist.
+template <bool kOn>
+struct CacheTensorMap {};
+template <>
+struct CacheTensorMap<true> {
+  CUtensorMap map;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -970,6 +985,27 @@ DCPATTN_DEVICE void mbar_wait(std::uint64_t* bar, int parity) {
 DCPATTN_DEVICE void cp_async_mbar_arrive(std::uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
                : "memory");
+}
+/// An arrival on `bar` that also expects `bytes` more of asynchronous copies (complete_tx).
+DCPATTN_DEVICE void mbar_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+/// The tensor memory accelerator's copy of box (c0, c1) of the tensor `map` describes (a kernel
+/// parameter) to shared memory at `dst`; its bytes complete on `bar`.
+DCPATTN_DEVICE void tma_load_2d([[maybe_unused]] std::uint32_t dst,
+                                [[maybe_unused]] const CUtensorMap* map, [[maybe_unused]] int c0,
+                                [[maybe_unused]] int c1, [[maybe_unused]] std::uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+#else
+  __trap();  // the warpgroup kernel only (compute capability 9.x)
+#endif
 }
 /// Barrier among `count` threads (a multiple of 32) under hardware barrier `id` (1..15).
 DCPATTN_DEVICE void named_barrier(int id, int count) {
@@ -2154,11 +2190,14 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///   fp8 (narrow): four warpgroups, the producer the last. Four raw stages handed over by full /
 ///         empty mbarriers, the full arrival made by the copies themselves
 ///         (cp.async.mbarrier.arrive); see narrow_fp8_consumers.
-template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
+template <int kRows, bool kSparse, bool kTma, class QSrc, class CacheView, class Own>
 __global__ void __launch_bounds__(
     Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>::threads, 1)
-    mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a) {
+    mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a,
+                  const __grid_constant__ CacheTensorMap<kTma> tensor_map) {
   constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
+  static_assert(!kTma || (kRows == kHeads && !kSparse && !kFp8 && is_plain_strided_v<CacheView>),
+                "dcpattn: tensor copies are for the dense bf16 kernel of 64 heads");
   constexpr bool kRawPath = kFp8 && is_plain_strided_v<CacheView>;
   using L = Smem<kFp8, kRows>;
   static_assert(L::raw_stages + 2 <= L::slot_bufs,
@@ -2403,6 +2442,27 @@ __global__ void __launch_bounds__(
           unsigned char* dst = stage(k & 1);
           const int* slots = slot_s + (k % kSlotBufs) * kTileTokens;
           if (a.cache_vector && is_plain_strided_v<CacheView>) {
+            if constexpr (kTma) {
+              // The launch's tiles are 64 consecutive positions of one page (dense_splits), so a
+              // full tile whose first and last slots are 63 apart is 64 consecutive slots: one
+              // tensor copy per column block, all completing on full[k mod 2] (expect_tx). A
+              // partial tile (whose missing tokens must be zeros), a bad page id or a page past
+              // the cache's end: cp.async. The same decision in every producer thread (the
+              // slots are in shared memory).
+              const int s0 = slots[0];
+              if (n_k == kTileTokens && s0 >= 0 &&
+                  std::int64_t(slots[kTileTokens - 1]) == std::int64_t(s0) + (kTileTokens - 1)) {
+                if (ptid == 0) {
+                  mbar_arrive_expect_tx(&full[k & 1], std::uint32_t(kTile));
+                  for (int b = 0; b < kDimBlocks; ++b)
+                    tma_load_2d(smem_u32(dst + b * kBlock), &tensor_map.map, 64 * b, s0,
+                                &full[k & 1]);
+                } else {
+                  mbar_arrive(&full[k & 1]);
+                }
+                return;
+              }
+            }
             load_tile_direct(a.cache, true, slots, dst, ptid);
             cp_async_mbar_arrive(&full[k & 1]);
             return;
@@ -2729,16 +2789,17 @@ inline int head_tiles_for(int heads) {
 }
 
 /// One block of kRows heads per CTA, 1-D grid.
-template <int kRows, bool kSparse, class QSrc, class CacheView, class Own>
-void launch_wg_rows(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
-  auto kernel = &wg::mla_wg_kernel<kRows, kSparse, QSrc, CacheView, Own>;
+template <int kRows, bool kSparse, bool kTma = false, class QSrc, class CacheView, class Own>
+void launch_wg_rows(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream,
+                    const CacheTensorMap<kTma>& tensor_map = {}) {
+  auto kernel = &wg::mla_wg_kernel<kRows, kSparse, kTma, QSrc, CacheView, Own>;
   using L = wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>;
   constexpr std::size_t smem = L::bytes;
   static std::atomic<unsigned long long> configured{0};
   raise_smem_limit(kernel, smem, configured);
   const std::int64_t head_blocks = (args.heads + kRows - 1) / kRows;
   const std::int64_t blocks = args.tokens * args.num_splits * head_blocks;
-  kernel<<<unsigned(blocks), unsigned(L::threads), smem, stream>>>(args);
+  kernel<<<unsigned(blocks), unsigned(L::threads), smem, stream>>>(args, tensor_map);
   DCPATTN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -2814,6 +2875,35 @@ void validate_common(const QView& q, const CacheView& cache,
                       ", num_splits = " + std::to_string(p.num_splits) + "))");
   DCPATTN_REQUIRE(need == 0 || reinterpret_cast<std::uintptr_t>(scratch.data()) % 16 == 0,
                   "scratch must be 16-byte aligned");
+}
+
+/// Describes a bf16 cache (rows x 576, rows 16-byte aligned, `row_stride` elements apart) for
+/// the tensor memory accelerator: 64 x 64 boxes with the 128-byte swizzle, the layout the tensor
+/// cores read. False when the driver's encoder is unavailable or refuses the tensor; the kernel
+/// then copies with cp.async. A host function (no stream work): launches stay capturable.
+inline bool encode_cache_map(CUtensorMap& map, const void* base, std::int64_t rows,
+                             std::int64_t row_stride) {
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return Encode(nullptr);
+    }
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr || rows <= 0 || rows > (std::int64_t(1) << 32)) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(kMlaQkDim), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_stride) * 2};  // bytes between rows
+  const cuuint32_t box[2] = {64, cuuint32_t(kTileTokens)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 template <class QSrc, class CacheView, class Own>
@@ -2947,6 +3037,22 @@ void dense_splits(const QView& q, const CacheView& cache,
   a.q = qs;
   fill_common(a, cache, block_table, row_request, p, o, lse, tokens, int(q.extent(1)), scratch);
   a.row_local_length = row_local_length;
+  // Tensor copies (the 64-head bf16 kernel) where a split's tiles are runs of 64 consecutive
+  // positions in one page: one split, or an interleave that is a multiple of 64, and pages of a
+  // multiple of 64 tokens. The kernel relies on this to check a tile by its first and last slots.
+  // Elsewhere (e.g. the 64 splits of interleave 1 at batch 1) tiles are never consecutive, and
+  // the kernel without the tensor copies runs: their check and code cost it 4-10% there.
+  if constexpr (is_plain_strided_v<CacheView> &&
+                mla_cache_format_v<CacheView> == CacheFormat::bf16) {
+    if (a.cache_vector && a.heads > wg::kNarrowHeads && p.page_size % kTileTokens == 0 &&
+        (p.num_splits == 1 || p.interleave % kTileTokens == 0) && use_wgmma_kernel()) {
+      CacheTensorMap<true> tm;
+      if (encode_cache_map(tm.map, cache.data_handle(), cache.extent(0), cache.stride(0))) {
+        launch_wg_rows<wg::kHeads, false, true>(a, stream, tm);
+        return;
+      }
+    }
+  }
   launch_split<false>(a, stream);
 }
 
