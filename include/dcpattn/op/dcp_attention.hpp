@@ -300,8 +300,8 @@ class DcpAttention {
   /// the numerical contract). Fast mode: a whole page, so a split reads whole pages; with pages of
   /// a multiple of 64 tokens the CUDA kernel of 64 heads then copies whole tiles with the tensor
   /// memory accelerator (on the H200, 128 heads: 1 x 128K 127 -> 111-113 us, 8 x 128K 788 ->
-  /// 650-656 us; docs/performance.md, run 13). Sparse: always the ownership's interleave (the kernel maps
-  /// each top-k position to its split through the ownership).
+  /// 650-656 us; docs/performance.md, run 13). Sparse: always the ownership's interleave (the
+  /// kernel maps each top-k position to its split through the ownership).
   static int split_interleave(const DcpConfig& c) noexcept {
     if constexpr (Kernel::is_sparse) return c.interleave;
     return c.mode == DcpMode::fast && c.page_size > 0 ? c.page_size : c.interleave;
