@@ -13,7 +13,8 @@
 // sequence and the row's query: tiles of 64 consecutive split tokens starting at the split's first
 // token, one fixed instruction sequence per tile (tensor-core products with a fixed k order, a
 // fixed-shape max/sum reduction per head row), no atomics, and nothing that depends on S, the
-// split index, N, T, the grid or the row count. With S = V / N, split j of rank r is virtual shard
+// split index, N, T, the grid or the row count; how a tile reaches shared memory (cp.async,
+// scalar loads, tensor copies) does not change it either. With S = V / N, split j of rank r is virtual shard
 // v = j N + r of an N = 1 run with S = V, token for token, so its state is bitwise the same. The
 // split merge uses dcpattn::merge_lse and the element update of merge_state_into with explicitly
 // rounded products and sums (__fmul_rn, __fadd_rn: no FMA contraction), the operations of the
@@ -2177,7 +2178,9 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///   bf16: two K/V stages; tile i + 1 is copied while tile i is computed. The hand-over is a pair
 ///         of mbarriers per stage: `full` (the producer's 128 threads arrive once a tile's bytes
 ///         are in place and fenced for the tensor cores) and `empty` (the consumers' 256 threads
-///         arrive once their products have read the stage).
+///         arrive once their products have read the stage). With kTma (the dense kernel of 64
+///         heads, launched where every tile is 64 consecutive positions of one page) a full tile
+///         is 9 tensor copies, whose bytes complete `full` (expect_tx).
 ///   fp8 (64 heads per CTA): one K/V stage (two bf16 stages, the query block and a raw stage do
 ///         not fit in 227 KiB) and one raw stage; the raw entries of tile i + 1 are copied while
 ///         tile i is computed.
