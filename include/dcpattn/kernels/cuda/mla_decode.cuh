@@ -14,13 +14,13 @@
 // token, one fixed instruction sequence per tile (tensor-core products with a fixed k order, a
 // fixed-shape max/sum reduction per head row), no atomics, and nothing that depends on S, the
 // split index, N, T, the grid or the row count; how a tile reaches shared memory (cp.async,
-// scalar loads, tensor copies) does not change it either. With S = V / N, split j of rank r is virtual shard
-// v = j N + r of an N = 1 run with S = V, token for token, so its state is bitwise the same. The
-// split merge uses dcpattn::merge_lse and the element update of merge_state_into with explicitly
-// rounded products and sums (__fmul_rn, __fadd_rn: no FMA contraction), the operations of the
-// CUDA combine (dcpattn/kernels/cuda/combine.cuh); merging rank states with those kernels in rank
-// order therefore reproduces the N = 1 result bit for bit on the GPU. Against the host reference
-// the results are close, not bitwise (see "Numerics").
+// scalar loads, tensor copies) does not change it either. With S = V / N, split j of rank r is
+// virtual shard v = j N + r of an N = 1 run with S = V, token for token, so its state is bitwise
+// the same. The split merge uses dcpattn::merge_lse and the element update of merge_state_into with
+// explicitly rounded products and sums (__fmul_rn, __fadd_rn: no FMA contraction), the operations
+// of the CUDA combine (dcpattn/kernels/cuda/combine.cuh); merging rank states with those kernels in
+// rank order therefore reproduces the N = 1 result bit for bit on the GPU. Against the host
+// reference the results are close, not bitwise (see "Numerics").
 //
 // Kernel design (mla_split_kernel, one CTA of 8 warps per (row, split, block of heads)):
 //   - head block: 16 heads when H <= 16, else 64 (more blocks when H > 64); missing heads are
