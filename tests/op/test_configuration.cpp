@@ -312,3 +312,21 @@ TEST_CASE("validate_collectively: a rank whose attention throws mid-step raises 
   CHECK(forward_error(op, step.arguments(), ws).empty());
   for (float l : step.out_lse) CHECK(std::isfinite(l));
 }
+
+TEST_CASE("split layout: fast mode's dense splits take whole pages, the rest the ownership's",
+          "[op][config]") {
+  using SparseOp = DcpAttention<RoundRobinOwnership, DirectWorkspace, SparseMla<CacheFormat::bf16>,
+                                AllToAll, MpiCommunicator, HostExecution>;
+  DcpConfig c = good_config(2);
+  c.page_size = 64;
+  c.interleave = 16;
+  // Deterministic mode: local split j must be virtual shard j N + r, so the ownership's interleave.
+  c.mode = DcpMode::deterministic;
+  CHECK(DenseOp::split_interleave(c) == 16);
+  CHECK(SparseOp::split_interleave(c) == 16);
+  // Fast mode: a dense split reads whole pages; the sparse kernel maps positions through the
+  // ownership and must keep its interleave.
+  c.mode = DcpMode::fast;
+  CHECK(DenseOp::split_interleave(c) == 64);
+  CHECK(SparseOp::split_interleave(c) == 16);
+}
