@@ -304,7 +304,7 @@ class DcpAttention {
   /// kernel maps each top-k position to its split through the ownership).
   static int split_interleave(const DcpConfig& c) noexcept {
     if constexpr (Kernel::is_sparse) return c.interleave;
-    return c.mode == DcpMode::fast && c.page_size > 0 ? c.page_size : c.interleave;
+    return c.mode == DcpMode::fast ? c.page_size : c.interleave;  // c is validated: page_size >= 1
   }
 
   /// Local splits per rank: V / N (the virtual shards this rank owns) when N divides V, else 1
