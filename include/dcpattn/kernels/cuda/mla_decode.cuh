@@ -194,6 +194,13 @@ struct SplitArgs {
   int page_size;
   float softmax_scale;
   bool cache_vector;  // 16-byte cache path usable (contiguous, aligned rows)
+  bool wgmma;         // the warpgroup kernels run (use_wgmma_kernel(), asked once per call)
+  /// The fp8 kernel of 64 heads: the query block copied by the tensor memory accelerator, 9
+  /// copies of 64 heads x 64 dims from q_map (a (576, heads, tokens) view of a bf16 query with
+  /// contiguous dims), instead of 4608 16-byte cp.async issued by the producer's 128 threads
+  /// (about 6 us at batch 1, before the first tile: docs/performance.md, run 14).
+  bool q_tma;
+  CUtensorMap q_map;
 };
 
 /// The second parameter of the warpgroup kernel. With kOn (the dense bf16 kernel of 64 heads,
@@ -1003,6 +1010,21 @@ DCPATTN_DEVICE void tma_load_2d([[maybe_unused]] std::uint32_t dst,
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
       "%3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+#else
+  __trap();  // the warpgroup kernel only (compute capability 9.x)
+#endif
+}
+/// tma_load_2d for a three-dimensional tensor: box (c0, c1, c2).
+DCPATTN_DEVICE void tma_load_3d([[maybe_unused]] std::uint32_t dst,
+                                [[maybe_unused]] const CUtensorMap* map, [[maybe_unused]] int c0,
+                                [[maybe_unused]] int c1, [[maybe_unused]] int c2,
+                                [[maybe_unused]] std::uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
       : "memory");
 #else
   __trap();  // the warpgroup kernel only (compute capability 9.x)
@@ -2247,6 +2269,7 @@ __global__ void __launch_bounds__(
     if constexpr (kFp8 && !L::reg_a) {
       mbar_init(&full[0], kThreads);   // tile_begin: the raw entries and count of tile i are in
       mbar_init(&empty[0], kThreads);  // tile_ready: the K/V stage holds tile i; raw_s is free
+      mbar_init(&full[1], 1);          // q_full: the query block's tensor copies landed (q_tma)
     } else {
       for (int st = 0; st < (L::reg_a ? L::raw_stages : L::stages); ++st) {
         mbar_init(&full[st], kProducers);
@@ -2384,7 +2407,19 @@ __global__ void __launch_bounds__(
     if constexpr (kFp8 && !L::reg_a) {
       // The 64-head fp8 kernel's producer copies the query block, first: the copies do not wait
       // on the block table. (Its consumers copying it instead made every tile about 10% slower.)
-      if (any_work) load_q<kRows, kProducers>(a.q, t, h0, a.heads, q_s, ptid);
+      // With q_tma one thread issues 9 tensor copies (heads past H read as zeros), which complete
+      // on q_full; the consumers wait for it before their first product.
+      if (any_work) {
+        if (a.q_tma) {
+          if (ptid == 0) {
+            mbar_arrive_expect_tx(&full[1], std::uint32_t(kTile));
+            for (int b = 0; b < kDimBlocks; ++b)
+              tma_load_3d(smem_u32(q_s + b * kBlock), &a.q_map, 64 * b, h0, int(t), &full[1]);
+          }
+        } else {
+          load_q<kRows, kProducers>(a.q, t, h0, a.heads, q_s, ptid);
+        }
+      }
     }
     int n_cur = any_work ? next_tile(0) : 0;
     if (!any_work && ptid == 0) count_s[0] = 0;
@@ -2573,6 +2608,7 @@ __global__ void __launch_bounds__(
         if (kRawPath && a.cache_vector) dequant_tile(raw_s, stage(0), tid);
         fence_proxy_async();
         cta_handover(&empty[0], i & 1);  // tile_ready
+        if (i == 0 && a.q_tma) mbar_wait(&full[1], 0);  // q_full: the query block is in
       }
       const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
       const std::uint32_t k_s = smem_u32(stage(st));
@@ -2832,7 +2868,7 @@ inline bool use_wgmma_kernel() {
 
 template <bool kSparse, class QSrc, class CacheView, class Own>
 void launch_split(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
-  if (use_wgmma_kernel())
+  if (args.wgmma)
     launch_wg<kSparse>(args, stream);
   else if (head_tiles_for(args.heads) == 1)
     launch_split_ht<1, kSparse>(args, stream);
@@ -2909,6 +2945,52 @@ inline bool encode_cache_map(CUtensorMap& map, const void* base, std::int64_t ro
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/// Encodes q as a (576, heads, tokens) bf16 tensor in boxes of 64 dims x 64 heads x 1 token, with
+/// the 128-byte swizzle of the query block (heads past `heads` read as zeros); false when the
+/// query cannot be read so (dims not contiguous, a rank-major view of several ranks, unaligned
+/// base or strides) or no encoder is found.
+inline bool encode_query_map(CUtensorMap& map, const QDesc& q, std::int64_t tokens, int heads) {
+  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return Encode(nullptr);
+    }
+    return reinterpret_cast<Encode>(fn);
+  }();
+  const auto aligned = [](std::int64_t stride) {
+    return stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < (std::int64_t(1) << 40);
+  };
+  if (encode == nullptr || tokens <= 0 || heads <= 0 || tokens > (std::int64_t(1) << 31) ||
+      q.sd != 1 || q.hl < heads || !aligned(q.sh) || !aligned(q.st) ||
+      reinterpret_cast<std::uintptr_t>(q.data) % 16 != 0)
+    return false;
+  const cuuint64_t dims[3] = {cuuint64_t(kMlaQkDim), cuuint64_t(heads), cuuint64_t(tokens)};
+  const cuuint64_t strides[2] = {cuuint64_t(q.sh) * 2, cuuint64_t(q.st) * 2};  // bytes
+  const cuuint32_t box[3] = {64, cuuint32_t(wg::kHeads), 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bfloat16*>(q.data), dims,
+                strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/// The fp8 kernel of 64 heads copies the query block with tensor copies where q allows it
+/// (SplitArgs::q_tma).
+template <class QSrc, class CacheView, class Own>
+void set_query_map(SplitArgs<QSrc, CacheView, Own>& a) {
+  a.q_tma = false;
+  if constexpr (std::is_same_v<QSrc, QDesc> &&
+                mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla) {
+    if (a.heads > wg::kNarrowHeads && a.wgmma)
+      a.q_tma = encode_query_map(a.q_map, a.q, a.tokens, a.heads);
+  }
+}
+
 template <class QSrc, class CacheView, class Own>
 void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
                  TensorView<const std::int32_t, 2> block_table,
@@ -2928,6 +3010,7 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
   a.page_size = p.page_size;
   a.softmax_scale = p.softmax_scale;
   a.cache_vector = cache_vector_path(cache);
+  a.wgmma = use_wgmma_kernel();
   a.rank = 0;
   a.error_flags = p.error_flags;
   if (p.num_splits > 1) {
@@ -3040,6 +3123,7 @@ void dense_splits(const QView& q, const CacheView& cache,
   a.q = qs;
   fill_common(a, cache, block_table, row_request, p, o, lse, tokens, int(q.extent(1)), scratch);
   a.row_local_length = row_local_length;
+  set_query_map(a);
   // Tensor copies (the 64-head bf16 kernel) where a split's tiles are runs of 64 consecutive
   // positions in one page: one split, or an interleave that is a multiple of 64, and pages of a
   // multiple of 64 tokens. The kernel relies on this to check a tile by its first and last slots.
@@ -3048,7 +3132,7 @@ void dense_splits(const QView& q, const CacheView& cache,
   if constexpr (is_plain_strided_v<CacheView> &&
                 mla_cache_format_v<CacheView> == CacheFormat::bf16) {
     if (a.cache_vector && a.heads > wg::kNarrowHeads && p.page_size % kTileTokens == 0 &&
-        (p.num_splits == 1 || p.interleave % kTileTokens == 0) && use_wgmma_kernel()) {
+        (p.num_splits == 1 || p.interleave % kTileTokens == 0) && a.wgmma) {
       CacheTensorMap<true> tm;
       if (encode_cache_map(tm.map, cache.data_handle(), cache.extent(0), cache.stride(0))) {
         launch_wg_rows<wg::kHeads, false, true>(a, stream, tm);
@@ -3081,6 +3165,7 @@ void sparse_splits(const QView& q, const CacheView& cache,
   a.row_bound = row_bound;
   a.own = own;
   a.rank = rank;
+  set_query_map(a);
   launch_split<true>(a, stream);
 }
 
