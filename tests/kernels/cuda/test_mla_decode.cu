@@ -1373,6 +1373,57 @@ TEST_CASE("CUDA sparse MLA decode: N ranks with V/N splits merge bitwise to one 
   }
 }
 
+TEST_CASE("CUDA split-state merge of 2 to 64 states matches the host tree merge",
+          "[cuda][mla][merge]") {
+  // The merge kernel of every split count fast mode can pick (up to 64 at batch 1), with empty
+  // states and a padding row, against dcpattn::tree_merge on the host (libm exp/log: close, not
+  // bitwise).
+  std::mt19937_64 rng(11);
+  const std::int64_t T = 3, H = 5;
+  const int num_valid = 2;  // row 2 is padding: the neutral state, its states not read
+  std::uniform_real_distribution<float> uo(-2.0f, 2.0f), ul(-6.0f, 6.0f);
+  for (int S : {2, 4, 8, 16, 32, 64}) {
+    CAPTURE(S);
+    std::vector<Out> states;
+    for (int k = 0; k < S; ++k) {
+      Out st{T, H, std::vector<float>(std::size_t(T * H * kDv)),
+             std::vector<float>(std::size_t(T * H))};
+      for (float& x : st.o) x = uo(rng);
+      for (float& x : st.lse) x = ul(rng);
+      if (k % 3 == 1) {  // an empty state (a split with no tokens) in a varying row
+        const std::size_t r = std::size_t(k % (T * H));
+        st.lse[r] = -std::numeric_limits<float>::infinity();
+        std::fill_n(st.o.begin() + std::ptrdiff_t(r * kDv), kDv, 0.0f);
+      }
+      states.push_back(std::move(st));
+    }
+    const Out merged = [&] {
+      std::vector<float> o, lse;
+      for (const Out& st : states) {
+        o.insert(o.end(), st.o.begin(), st.o.end());
+        lse.insert(lse.end(), st.lse.begin(), st.lse.end());
+      }
+      DeviceBuffer<float> so(o), sl(lse);
+      DeviceBuffer<float> mo(std::size_t(T * H * kDv)), ml(std::size_t(T * H));
+      mo.poison();
+      ml.poison();
+      dcpattn::cuda_kernels::detail::mla::merge_states(
+          so.get(), sl.get(), S, T, int(H), num_valid,
+          dcpattn::make_view(mo.get(), {T, H, std::int64_t(kDv)}),
+          dcpattn::make_view(ml.get(), {T, H}), nullptr);
+      sync_and_check();
+      return Out{T, H, mo.download(), ml.download()};
+    }();
+    check_host_merge_close(host_merge_ranks(states), merged, num_valid);
+    for (std::int64_t h = 0; h < H; ++h) {  // the padding row
+      CHECK(std::isinf(merged.lse_at(2, h)));
+      CHECK(merged.lse_at(2, h) < 0.0f);
+      CHECK(std::all_of(merged.o_at(2, h), merged.o_at(2, h) + kDv,
+                        [](float x) { return x == 0.0f; }));
+    }
+  }
+}
+
 TEST_CASE("CUDA MLA decode replays bitwise from a captured CUDA graph", "[cuda][mla][graph]") {
   const bool mma_sync = GENERATE(false, true);
   const KernelChoice kernel_choice(mma_sync);
