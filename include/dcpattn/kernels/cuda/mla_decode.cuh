@@ -201,6 +201,10 @@ struct SplitArgs {
   /// (about 6 us at batch 1, before the first tile: docs/performance.md, run 14).
   bool q_tma;
   CUtensorMap q_map;
+  /// The dense fp8 kernel of 64 heads, launched where every tile is a run of 64 positions in one
+  /// page (dense_splits) on a cache of contiguous entries: a full tile of 64 consecutive slots
+  /// is one bulk copy of 64 x 656 bytes (cp.async.bulk) instead of 2624 cp.async.
+  bool raw_bulk;
 };
 
 /// The second parameter of the warpgroup kernel. With kOn (the dense bf16 kernel of 64 heads,
@@ -1025,6 +1029,21 @@ DCPATTN_DEVICE void tma_load_3d([[maybe_unused]] std::uint32_t dst,
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
       "%3, %4}], [%5];\n" ::"r"(dst),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+#else
+  __trap();  // the warpgroup kernel only (compute capability 9.x)
+#endif
+}
+/// A bulk copy (no tensor map) of `bytes` (a multiple of 16) from global `src` to shared `dst`,
+/// both 16-byte aligned; its bytes complete on `bar`.
+DCPATTN_DEVICE void bulk_load([[maybe_unused]] std::uint32_t dst, [[maybe_unused]] const void* src,
+                              [[maybe_unused]] std::uint32_t bytes,
+                              [[maybe_unused]] std::uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(smem_u32(bar))
       : "memory");
 #else
   __trap();  // the warpgroup kernel only (compute capability 9.x)
@@ -2270,6 +2289,8 @@ __global__ void __launch_bounds__(
       mbar_init(&full[0], kThreads);   // tile_begin: the raw entries and count of tile i are in
       mbar_init(&empty[0], kThreads);  // tile_ready: the K/V stage holds tile i; raw_s is free
       mbar_init(&full[1], 1);          // q_full: the query block's tensor copies landed (q_tma)
+      for (int r = 0; r < L::raw_stages; ++r)
+        mbar_init(&full[2 + r], 1);  // raw_full: raw stage r's bulk copy landed (raw_bulk)
     } else {
       for (int st = 0; st < (L::reg_a ? L::raw_stages : L::stages); ++st) {
         mbar_init(&full[st], kProducers);
@@ -2521,41 +2542,66 @@ __global__ void __launch_bounds__(
       cp_async_wait_all();  // nothing of this thread's is in flight when it leaves
     } else {
       // R raw stages: tiles 0 .. R - 1 are copied ahead, then tile i + R into tile i's stage once
-      // tile i is dequantized. One cp.async group per tile.
+      // tile i is dequantized. One cp.async group per tile. A tile of 64 consecutive slots
+      // (raw_bulk) is one bulk copy completing on raw_full (full[2 + stage]); every tile makes
+      // one arrival there, so its phase also completes for the cp.async tiles. Dense: the
+      // block-table read of the next tile goes out before the producer waits (read_ahead), so
+      // the copies of tile i + R start as soon as the raw stage is free.
       constexpr int R = L::raw_stages;
+      static_assert(2 + R <= 4, "dcpattn: raw_full barriers");
       auto raw = [&](int i) { return raw_s + std::size_t(i % R) * L::raw_bytes; };
+      auto copy_raw = [&](int k, int n_k) {
+        std::uint64_t* raw_full = &full[2 + k % R];
+        if constexpr (kRawPath) {
+          if (n_k > 0 && a.cache_vector) {
+            const int* slots = slot_s + (k % kSlotBufs) * kTileTokens;
+            const int s0 = slots[0];
+            if (a.raw_bulk && n_k == kTileTokens && s0 >= 0 &&
+                std::int64_t(slots[kTileTokens - 1]) == std::int64_t(s0) + (kTileTokens - 1)) {
+              if (ptid == 0) {
+                constexpr std::uint32_t kBytes = std::uint32_t(kTileTokens) * kRawEntry;
+                mbar_arrive_expect_tx(raw_full, kBytes);
+                bulk_load(smem_u32(raw(k)), a.cache.data_handle() + std::int64_t(s0) * kRawEntry,
+                          kBytes, raw_full);
+              }
+              return;
+            }
+            load_tile_raw(a.cache, slots, raw(k), ptid);
+          }
+        }
+        if (ptid == 0) mbar_arrive(raw_full);
+      };
       int n_ahead[R];  // token counts of tiles i .. i + R - 1 (0: the end marker)
       n_ahead[0] = n_cur;
 #pragma unroll
       for (int k = 0; k < R; ++k) {
         if (k > 0) n_ahead[k] = n_ahead[k - 1] > 0 ? next_tile(k % kSlotBufs) : 0;
-        if constexpr (kRawPath) {
-          if (n_ahead[k] > 0 && a.cache_vector)
-            load_tile_raw(a.cache, slot_s + (k % kSlotBufs) * kTileTokens, raw(k), ptid);
-        }
+        copy_raw(k, n_ahead[k]);
         cp_async_commit();
       }
+      if constexpr (!kSparse) read_ahead();
       for (int i = 0;; ++i) {
-        cp_async_wait<R - 1>();  // tile i's raw entries (and the query) this thread copied landed
+        cp_async_wait<R - 1>();  // tile i's raw entries this thread copied landed
         cta_handover(&full[0], i & 1);  // tile_begin
         if (n_ahead[0] == 0) break;     // the end marker: the consumers read the count 0 and stop
-        if (kRawPath && a.cache_vector)
+        if (kRawPath && a.cache_vector) {
+          mbar_wait(&full[2 + i % R], (i / R) & 1);  // raw_full
           dequant_tile(raw(i), stage(0), tid);
-        else
+        } else {
           load_tile_direct(a.cache, a.cache_vector, slot_s + (i % kSlotBufs) * kTileTokens,
                            stage(0), ptid);
+        }
         fence_proxy_async();
         cta_handover(&empty[0], i & 1);  // tile_ready: tile i complete; raw(i) free
         const int n_new = n_ahead[R - 1] > 0 ? next_tile((i + R) % kSlotBufs) : 0;
-        if constexpr (kRawPath) {
-          if (n_new > 0 && a.cache_vector)
-            load_tile_raw(a.cache, slot_s + ((i + R) % kSlotBufs) * kTileTokens, raw(i + R), ptid);
-        }
+        copy_raw(i + R, n_new);
         cp_async_commit();
+        if constexpr (!kSparse) read_ahead();
 #pragma unroll
         for (int k = 0; k + 1 < R; ++k) n_ahead[k] = n_ahead[k + 1];
         n_ahead[R - 1] = n_new;
       }
+      cp_async_wait<0>();
     }
     return;
   }
@@ -2605,7 +2651,10 @@ __global__ void __launch_bounds__(
       const int n_tile = count_s[i % kSlotBufs];
       if (n_tile == 0) break;
       if constexpr (kFp8) {
-        if (kRawPath && a.cache_vector) dequant_tile(raw_s, stage(0), tid);
+        if (kRawPath && a.cache_vector) {
+          mbar_wait(&full[2], i & 1);  // raw_full (one raw stage): a bulk copy has landed
+          dequant_tile(raw_s, stage(0), tid);
+        }
         fence_proxy_async();
         cta_handover(&empty[0], i & 1);  // tile_ready
         if (i == 0 && a.q_tma) mbar_wait(&full[1], 0);  // q_full: the query block is in
@@ -3011,6 +3060,7 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
   a.softmax_scale = p.softmax_scale;
   a.cache_vector = cache_vector_path(cache);
   a.wgmma = use_wgmma_kernel();
+  a.raw_bulk = false;  // dense_splits sets it where it applies
   a.rank = 0;
   a.error_flags = p.error_flags;
   if (p.num_splits > 1) {
@@ -3124,15 +3174,22 @@ void dense_splits(const QView& q, const CacheView& cache,
   fill_common(a, cache, block_table, row_request, p, o, lse, tokens, int(q.extent(1)), scratch);
   a.row_local_length = row_local_length;
   set_query_map(a);
-  // Tensor copies (the 64-head bf16 kernel) where a split's tiles are runs of 64 consecutive
+  // Tensor copies (the 64-head kernels) where a split's tiles are runs of 64 consecutive
   // positions in one page: one split, or an interleave that is a multiple of 64, and pages of a
-  // multiple of 64 tokens. The kernel relies on this to check a tile by its first and last slots.
-  // Elsewhere (e.g. the 64 splits of interleave 1 at batch 1) tiles are never consecutive, and
-  // the kernel without the tensor copies runs: its machine code is not touched by them.
+  // multiple of 64 tokens. The kernels rely on this to check a tile by its first and last slots
+  // (a tile spanning pages could have them 63 apart with other pages between). Elsewhere (e.g.
+  // the 64 splits of interleave 1 at batch 1) tiles are never consecutive. bf16: the kernel with
+  // the tensor copies (kTma) is a separate instantiation; fp8: one bulk copy per raw tile
+  // (raw_bulk) where the cache's entries are contiguous rows.
+  const bool page_runs = a.cache_vector && a.heads > wg::kNarrowHeads && a.wgmma &&
+                         p.page_size % kTileTokens == 0 &&
+                         (p.num_splits == 1 || p.interleave % kTileTokens == 0);
+  if constexpr (is_plain_strided_v<CacheView> &&
+                mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla)
+    a.raw_bulk = page_runs && cache.stride(0) == wg::kRawEntry;
   if constexpr (is_plain_strided_v<CacheView> &&
                 mla_cache_format_v<CacheView> == CacheFormat::bf16) {
-    if (a.cache_vector && a.heads > wg::kNarrowHeads && p.page_size % kTileTokens == 0 &&
-        (p.num_splits == 1 || p.interleave % kTileTokens == 0) && a.wgmma) {
+    if (page_runs) {
       CacheTensorMap<true> tm;
       if (encode_cache_map(tm.map, cache.data_handle(), cache.extent(0), cache.stride(0))) {
         launch_wg_rows<wg::kHeads, false, true>(a, stream, tm);
