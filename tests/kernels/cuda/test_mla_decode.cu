@@ -1048,6 +1048,55 @@ TEST_CASE("CUDA MLA decode skips bad page ids, requests and lengths without read
   require_stats("bad pages / requests / lengths vs double", st, kTolO, kTolLseBf16);
 }
 
+TEST_CASE("CUDA MLA decode reads a tile that spans pages page by page", "[cuda][mla][bounds]") {
+  // With pages of 16, a tile of 64 positions spans 4 pages. Here they are pages A, B, C, A + 3:
+  // the tile's first and last slots are 63 apart, as in a run of one page, but its middle comes
+  // from B and C. The 64-head kernels copy a tile whole (tensor or bulk copies) only where the
+  // launch makes every tile a run of one page (pages of a multiple of 64), never on that check
+  // alone: this layout must read B and C.
+  std::mt19937_64 rng(2024);
+  const Batch batch = make_batch({256}, rng);
+  for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
+    CAPTURE(format_name(format));
+    RankCache c1 = build_rank_cache(batch, RoundRobinOwnership(1, 1), 0, 16, format, rng);
+    std::vector<std::int32_t> pages(c1.block_table.begin(), c1.block_table.begin() + 16);
+    REQUIRE(std::find(pages.begin(), pages.end(), -1) == pages.end());
+    std::int32_t a = -1;
+    for (std::int32_t pg : pages)
+      if (pg != 0 && std::find(pages.begin(), pages.end(), pg + 3) != pages.end() &&
+          std::find(pages.begin(), pages.end(), pg + 1) != pages.end() &&
+          std::find(pages.begin(), pages.end(), pg + 2) != pages.end())
+        a = pg;
+    REQUIRE(a >= 0);  // pages a .. a + 3 all hold tokens of the request
+    // Table: a, a + 1 and a + 2 swapped for two others, a + 3; then the rest.
+    std::vector<std::int32_t> others;
+    for (std::int32_t pg : pages)
+      if (pg < a || pg > a + 3) others.push_back(pg);
+    std::vector<std::int32_t> table{a, others[0], others[1], a + 3, a + 1, a + 2};
+    table.insert(table.end(), others.begin() + 2, others.end());
+    REQUIRE(table.size() == 16);
+    std::copy(table.begin(), table.end(), c1.block_table.begin());
+    const std::int64_t H = 64, T = 1;
+    Rows rows;
+    rows.request = {0};
+    rows.bound = {256};
+    rows.num_valid = 1;
+    std::vector<std::int64_t> all(256);
+    std::iota(all.begin(), all.end(), std::int64_t(0));
+    const Queries q = make_queries(T, H, T, QLayout::row_major, rng());
+    const DeviceCache d1(c1);
+    const DeviceRows drows(rows);
+    const DeviceBuffer<std::int64_t> dlen(rows.bound);
+    const RefState r = reference_row(c1, q, 0, 0, all);
+    Stats st;
+    for (int num_splits : {1, 2}) {
+      const Out g = gpu_dense(q, d1, drows, dlen, params(16, 1, num_splits, T));
+      compare_with_reference(g, 0, r, st);
+    }
+    require_stats("tile across pages A, B, C, A + 3 vs double", st, kTolO, lse_tolerance(format));
+  }
+}
+
 namespace {
 
 // The split stage alone (scratch states, S > 1), downloaded: (S, T, H, 512) o and (S, T, H) lse.
