@@ -1051,9 +1051,9 @@ TEST_CASE("CUDA MLA decode skips bad page ids, requests and lengths without read
 TEST_CASE("CUDA MLA decode reads a tile that spans pages page by page", "[cuda][mla][bounds]") {
   // With pages of 16, a tile of 64 positions spans 4 pages. Here they are pages A, B, C, A + 3:
   // the tile's first and last slots are 63 apart, as in a run of one page, but its middle comes
-  // from B and C. The 64-head kernels copy a tile whole (tensor or bulk copies) only where the
-  // launch makes every tile a run of one page (pages of a multiple of 64), never on that check
-  // alone: this layout must read B and C.
+  // from B and C. The kernels copy a tile whole (tensor or bulk copies) only where the launch
+  // makes every tile a run of one page (pages of a multiple of 64), never on that check alone:
+  // this layout must read B and C.
   std::mt19937_64 rng(2024);
   const Batch batch = make_batch({256}, rng);
   for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
@@ -1076,22 +1076,24 @@ TEST_CASE("CUDA MLA decode reads a tile that spans pages page by page", "[cuda][
     table.insert(table.end(), others.begin() + 2, others.end());
     REQUIRE(table.size() == 16);
     std::copy(table.begin(), table.end(), c1.block_table.begin());
-    const std::int64_t H = 64, T = 1;
+    const std::int64_t T = 1;
     Rows rows;
     rows.request = {0};
     rows.bound = {256};
     rows.num_valid = 1;
     std::vector<std::int64_t> all(256);
     std::iota(all.begin(), all.end(), std::int64_t(0));
-    const Queries q = make_queries(T, H, T, QLayout::row_major, rng());
     const DeviceCache d1(c1);
     const DeviceRows drows(rows);
     const DeviceBuffer<std::int64_t> dlen(rows.bound);
-    const RefState r = reference_row(c1, q, 0, 0, all);
     Stats st;
-    for (int num_splits : {1, 2}) {
-      const Out g = gpu_dense(q, d1, drows, dlen, params(16, 1, num_splits, T));
-      compare_with_reference(g, 0, r, st);
+    for (std::int64_t H : {16, 64}) {  // the narrow kernel and the 64-head one
+      const Queries q = make_queries(T, H, T, QLayout::row_major, rng());
+      const RefState r = reference_row(c1, q, 0, 0, all);
+      for (int num_splits : {1, 2}) {
+        const Out g = gpu_dense(q, d1, drows, dlen, params(16, 1, num_splits, T));
+        compare_with_reference(g, 0, r, st);
+      }
     }
     require_stats("tile across pages A, B, C, A + 3 vs double", st, kTolO, lse_tolerance(format));
   }

@@ -201,9 +201,9 @@ struct SplitArgs {
   /// (about 6 us at batch 1, before the first tile: docs/performance.md, run 14).
   bool q_tma;
   CUtensorMap q_map;
-  /// The dense fp8 kernel of 64 heads, launched where every tile is a run of 64 positions in one
-  /// page (dense_splits) on a cache of contiguous entries: a full tile of 64 consecutive slots
-  /// is one bulk copy of 64 x 656 bytes (cp.async.bulk) instead of 2624 cp.async.
+  /// The dense fp8 kernels (64 heads and narrow), launched where every tile is a run of 64
+  /// positions in one page (dense_splits) on a cache of contiguous entries: a full tile of 64
+  /// consecutive slots is one bulk copy of 64 x 656 bytes (cp.async.bulk), not 2624 cp.async.
   bool raw_bulk;
 };
 
@@ -2455,11 +2455,26 @@ __global__ void __launch_bounds__(
       // (narrow_fp8_consumers).
       constexpr int R = L::raw_stages;
       constexpr int SB = L::slot_bufs;
-      auto load_raw = [&](int k) {
+      auto load_raw = [&](int k, int n_k) {
         const int* slots = slot_s + (k % SB) * kTileTokens;
         unsigned char* dst = raw_s + std::size_t(k % R) * L::raw_bytes;
         if constexpr (kRawPath) {
           if (a.cache_vector) {
+            // A full tile of 64 consecutive slots (raw_bulk): one bulk copy, its bytes completing
+            // full[k mod R] (expect_tx) beside the other producer threads' arrivals.
+            const int s0 = slots[0];
+            if (a.raw_bulk && n_k == kTileTokens && s0 >= 0 &&
+                std::int64_t(slots[kTileTokens - 1]) == std::int64_t(s0) + (kTileTokens - 1)) {
+              if (ptid == 0) {
+                constexpr std::uint32_t kBytes = std::uint32_t(kTileTokens) * kRawEntry;
+                mbar_arrive_expect_tx(&full[k % R], kBytes);
+                bulk_load(smem_u32(dst), a.cache.data_handle() + std::int64_t(s0) * kRawEntry,
+                          kBytes, &full[k % R]);
+              } else {
+                mbar_arrive(&full[k % R]);
+              }
+              return;
+            }
             load_tile_raw(a.cache, slots, dst, ptid);
             cp_async_commit();
             cp_async_mbar_arrive(&full[k % R]);
@@ -2472,7 +2487,7 @@ __global__ void __launch_bounds__(
       int n_k = n_cur;  // token count of tile k
       int k = 0;
       for (; k < R && n_k > 0; ++k) {
-        load_raw(k);
+        load_raw(k, n_k);
         if (k + 1 < R) n_k = next_tile((k + 1) % SB);
       }
       if (k == R) n_k = next_tile(k % SB);  // tiles 0 .. R - 1 all had tokens
@@ -2480,8 +2495,8 @@ __global__ void __launch_bounds__(
         // Tile k's slots are in; the block-table reads of tile k + 1 go out before the wait.
         if constexpr (!kSparse) read_ahead();
         mbar_wait(&empty[k % R], (k / R - 1) & 1);  // tile k - R was read
-        load_raw(k++);
-        n_k = next_tile(k % SB);
+        load_raw(k, n_k);
+        n_k = next_tile(++k % SB);
       }
       for (int e = 0; e < 2; ++e, ++k) {
         if (k >= R) mbar_wait(&empty[k % R], (k / R - 1) & 1);
@@ -2544,11 +2559,13 @@ __global__ void __launch_bounds__(
       // R raw stages: tiles 0 .. R - 1 are copied ahead, then tile i + R into tile i's stage once
       // tile i is dequantized. One cp.async group per tile. A tile of 64 consecutive slots
       // (raw_bulk) is one bulk copy completing on raw_full (full[2 + stage]); every tile makes
-      // one arrival there, so its phase also completes for the cp.async tiles. Dense: the
-      // block-table read of the next tile goes out before the producer waits (read_ahead), so
-      // the copies of tile i + R start as soon as the raw stage is free.
+      // one arrival there, so its phase also completes for the cp.async tiles. The slots of
+      // tile i + R + 1 are gathered right after tile i + R's copies go out, while the consumers
+      // compute tile i (dense: the block-table reads; sparse: the top-k scan), so the copies of
+      // the next tile start as soon as the raw stage is free.
       constexpr int R = L::raw_stages;
       static_assert(2 + R <= 4, "dcpattn: raw_full barriers");
+      static_assert(R + 2 <= kSlotBufs, "dcpattn: slot buffers: tile i, R in flight, one ahead");
       auto raw = [&](int i) { return raw_s + std::size_t(i % R) * L::raw_bytes; };
       auto copy_raw = [&](int k, int n_k) {
         std::uint64_t* raw_full = &full[2 + k % R];
@@ -2579,7 +2596,7 @@ __global__ void __launch_bounds__(
         copy_raw(k, n_ahead[k]);
         cp_async_commit();
       }
-      if constexpr (!kSparse) read_ahead();
+      int n_next = n_ahead[R - 1] > 0 ? next_tile(R % kSlotBufs) : 0;  // tile i + R
       for (int i = 0;; ++i) {
         cp_async_wait<R - 1>();  // tile i's raw entries this thread copied landed
         cta_handover(&full[0], i & 1);  // tile_begin
@@ -2593,13 +2610,12 @@ __global__ void __launch_bounds__(
         }
         fence_proxy_async();
         cta_handover(&empty[0], i & 1);  // tile_ready: tile i complete; raw(i) free
-        const int n_new = n_ahead[R - 1] > 0 ? next_tile((i + R) % kSlotBufs) : 0;
-        copy_raw(i + R, n_new);
+        copy_raw(i + R, n_next);
         cp_async_commit();
-        if constexpr (!kSparse) read_ahead();
 #pragma unroll
         for (int k = 0; k + 1 < R; ++k) n_ahead[k] = n_ahead[k + 1];
-        n_ahead[R - 1] = n_new;
+        n_ahead[R - 1] = n_next;
+        n_next = n_next > 0 ? next_tile((i + R + 1) % kSlotBufs) : 0;
       }
       cp_async_wait<0>();
     }
@@ -3178,18 +3194,17 @@ void dense_splits(const QView& q, const CacheView& cache,
   // positions in one page: one split, or an interleave that is a multiple of 64, and pages of a
   // multiple of 64 tokens. The kernels rely on this to check a tile by its first and last slots
   // (a tile spanning pages could have them 63 apart with other pages between). Elsewhere (e.g.
-  // the 64 splits of interleave 1 at batch 1) tiles are never consecutive. bf16: the kernel with
-  // the tensor copies (kTma) is a separate instantiation; fp8: one bulk copy per raw tile
-  // (raw_bulk) where the cache's entries are contiguous rows.
-  const bool page_runs = a.cache_vector && a.heads > wg::kNarrowHeads && a.wgmma &&
-                         p.page_size % kTileTokens == 0 &&
+  // the 64 splits of interleave 1 at batch 1) tiles are never consecutive. bf16, 64 heads: the
+  // kernel with the tensor copies (kTma), a separate instantiation; fp8, both kernels: one bulk
+  // copy per raw tile (raw_bulk) where the cache's entries are contiguous rows.
+  const bool page_runs = a.cache_vector && a.wgmma && p.page_size % kTileTokens == 0 &&
                          (p.num_splits == 1 || p.interleave % kTileTokens == 0);
   if constexpr (is_plain_strided_v<CacheView> &&
                 mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla)
     a.raw_bulk = page_runs && cache.stride(0) == wg::kRawEntry;
   if constexpr (is_plain_strided_v<CacheView> &&
                 mla_cache_format_v<CacheView> == CacheFormat::bf16) {
-    if (page_runs) {
+    if (page_runs && a.heads > wg::kNarrowHeads) {
       CacheTensorMap<true> tm;
       if (encode_cache_map(tm.map, cache.data_handle(), cache.extent(0), cache.stride(0))) {
         launch_wg_rows<wg::kHeads, false, true>(a, stream, tm);
