@@ -2335,6 +2335,32 @@ __global__ void __launch_bounds__(
       bound = a.row_bound(t);
       if (req_ok && bound > 0) list = a.topk.extent(1);
     }
+    // Sparse: the list scan's pipeline (next_tile). list_entry reads entry idx of the row's list
+    // (-1 past its end); read_page checks an entry (flagging one out of range) and, when it is
+    // this split's, reads its page id into pipe_page (-1 otherwise) and its offset into pipe_off.
+    [[maybe_unused]] std::int64_t pipe_cursor = -1;  // the round whose pages are in pipe_page
+    [[maybe_unused]] std::int32_t pipe_gpos = -1, pipe_page = -1, pipe_off = 0;
+    [[maybe_unused]] auto list_entry = [&](std::int64_t idx) -> std::int32_t {
+      if constexpr (kSparse) return idx < list ? a.topk(t, idx) : -1;
+      return -1;
+    };
+    [[maybe_unused]] auto read_page = [&](std::int32_t gpos) {
+      if constexpr (kSparse) {
+        if ((gpos < -1 || gpos >= bound) && a.error_flags != nullptr)
+          atomicOr(a.error_flags, input_error_topk);
+        pipe_page = -1;
+        if (gpos >= 0 && gpos < bound && int(a.own.owner(gpos)) == a.rank) {
+          const std::int64_t pos = std::int64_t(a.own.local_position(gpos));
+          if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j) {
+            const std::int64_t page_index = pos / a.page_size;
+            if (page_index < a.block_table.extent(1)) {
+              pipe_off = std::int32_t(pos - page_index * a.page_size);
+              pipe_page = a.block_table(std::int64_t(req), page_index);
+            }
+          }
+        }
+      }
+    };
     // Slots of the next tile's split tokens into slot buffer sb (-1: no token / skipped) and its
     // token count; returns the count (0: the split is done). Uniform over the producer.
     [[maybe_unused]] std::int64_t k0 = 0;                          // dense: next split token
@@ -2383,19 +2409,24 @@ __global__ void __launch_bounds__(
         k0 += kTileTokens;
       } else {
         // Gather the split's entries in list order until a tile is full or the list is done.
+        // Each round places the entries cursor + [0, kGather): their pages were read during the
+        // previous round (pipe_page, pipe_off), whose list entries were read the round before
+        // (pipe_gpos), so a round waits on one memory latency instead of two in sequence.
         while (tail - head < kTileTokens && cursor < list) {
-          const std::int64_t idx = cursor + ptid;
-          std::int64_t slot = -1;
-          if (idx < list) {
-            const std::int64_t gpos = a.topk(t, idx);
-            if ((gpos < -1 || gpos >= bound) && a.error_flags != nullptr)
-              atomicOr(a.error_flags, input_error_topk);
-            if (gpos >= 0 && gpos < bound && int(a.own.owner(gpos)) == a.rank) {
-              const std::int64_t pos = std::int64_t(a.own.local_position(gpos));
-              if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
-                slot = checked_slot(a, req, pos);
-            }
+          if (pipe_cursor != cursor) {  // the first round of the split: nothing read ahead yet
+            pipe_gpos = list_entry(cursor + ptid);
+            read_page(pipe_gpos);
+            pipe_gpos = list_entry(cursor + kGather + ptid);
           }
+          std::int64_t slot = -1;
+          if (pipe_page >= 0) {
+            slot = std::int64_t(pipe_page) * a.page_size + pipe_off;
+            if (slot >= a.cache.extent(0)) slot = -1;
+          }
+          // The next round's pages, and the entries of the round after it.
+          read_page(pipe_gpos);
+          pipe_gpos = list_entry(cursor + 2 * kGather + ptid);
+          pipe_cursor = cursor + kGather;
           const bool take = slot >= 0;
           const unsigned ballot = __ballot_sync(kFullMask, take);
           if (lane == 0) wsum_s[pw] = __popc(ballot);
