@@ -1049,6 +1049,17 @@ DCPATTN_DEVICE void bulk_load([[maybe_unused]] std::uint32_t dst, [[maybe_unused
   __trap();  // the warpgroup kernel only (compute capability 9.x)
 #endif
 }
+/// The first slot of a tile when it is full and its slots run consecutively from it, else -1.
+/// Only meaningful where the launch makes every tile a run of positions in one page
+/// (dense_splits): there a full tile whose first and last slots are 63 apart is 64 consecutive
+/// slots. A tile spanning pages could pass the same check with other pages between.
+DCPATTN_DEVICE int page_run_start(const int* slots, int n_tile) {
+  const int s0 = slots[0];
+  return n_tile == kTileTokens && s0 >= 0 &&
+                 std::int64_t(slots[kTileTokens - 1]) == std::int64_t(s0) + (kTileTokens - 1)
+             ? s0
+             : -1;
+}
 /// Barrier among `count` threads (a multiple of 32) under hardware barrier `id` (1..15).
 DCPATTN_DEVICE void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -2493,9 +2504,8 @@ __global__ void __launch_bounds__(
           if (a.cache_vector) {
             // A full tile of 64 consecutive slots (raw_bulk): one bulk copy, its bytes completing
             // full[k mod R] (expect_tx) beside the other producer threads' arrivals.
-            const int s0 = slots[0];
-            if (a.raw_bulk && n_k == kTileTokens && s0 >= 0 &&
-                std::int64_t(slots[kTileTokens - 1]) == std::int64_t(s0) + (kTileTokens - 1)) {
+            const int s0 = a.raw_bulk ? page_run_start(slots, n_k) : -1;
+            if (s0 >= 0) {
               if (ptid == 0) {
                 constexpr std::uint32_t kBytes = std::uint32_t(kTileTokens) * kRawEntry;
                 mbar_arrive_expect_tx(&full[k % R], kBytes);
@@ -2554,9 +2564,8 @@ __global__ void __launch_bounds__(
               // partial tile (whose missing tokens must be zeros), a bad page id or a page past
               // the cache's end: cp.async. The same decision in every producer thread (the
               // slots are in shared memory).
-              const int s0 = slots[0];
-              if (n_k == kTileTokens && s0 >= 0 &&
-                  std::int64_t(slots[kTileTokens - 1]) == std::int64_t(s0) + (kTileTokens - 1)) {
+              const int s0 = page_run_start(slots, n_k);
+              if (s0 >= 0) {
                 if (ptid == 0) {
                   mbar_arrive_expect_tx(&full[k & 1], std::uint32_t(kTile));
                   for (int b = 0; b < kDimBlocks; ++b)
@@ -2603,9 +2612,8 @@ __global__ void __launch_bounds__(
         if constexpr (kRawPath) {
           if (n_k > 0 && a.cache_vector) {
             const int* slots = slot_s + (k % kSlotBufs) * kTileTokens;
-            const int s0 = slots[0];
-            if (a.raw_bulk && n_k == kTileTokens && s0 >= 0 &&
-                std::int64_t(slots[kTileTokens - 1]) == std::int64_t(s0) + (kTileTokens - 1)) {
+            const int s0 = a.raw_bulk ? page_run_start(slots, n_k) : -1;
+            if (s0 >= 0) {
               if (ptid == 0) {
                 constexpr std::uint32_t kBytes = std::uint32_t(kTileTokens) * kRawEntry;
                 mbar_arrive_expect_tx(raw_full, kBytes);
@@ -3012,12 +3020,9 @@ void validate_common(const QView& q, const CacheView& cache,
                   "scratch must be 16-byte aligned");
 }
 
-/// Describes a bf16 cache (rows x 576, rows 16-byte aligned, `row_stride` elements apart) for
-/// the tensor memory accelerator: 64 x 64 boxes with the 128-byte swizzle, the layout the tensor
-/// cores read. False when the driver's encoder is unavailable or refuses the tensor; the kernel
-/// then copies with cp.async. A host function (no stream work): launches stay capturable.
-inline bool encode_cache_map(CUtensorMap& map, const void* base, std::int64_t rows,
-                             std::int64_t row_stride) {
+/// The driver's cuTensorMapEncodeTiled, found once through the runtime (no driver library is
+/// linked); nullptr when the driver does not provide it (the callers then take cp.async).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   using Encode = PFN_cuTensorMapEncodeTiled_v12000;
   static const Encode encode = [] {
     void* fn = nullptr;
@@ -3030,6 +3035,16 @@ inline bool encode_cache_map(CUtensorMap& map, const void* base, std::int64_t ro
     }
     return reinterpret_cast<Encode>(fn);
   }();
+  return encode;
+}
+
+/// Describes a bf16 cache (rows x 576, rows 16-byte aligned, `row_stride` elements apart) for
+/// the tensor memory accelerator: 64 x 64 boxes with the 128-byte swizzle, the layout the tensor
+/// cores read. False when the driver's encoder is unavailable or refuses the tensor; the kernel
+/// then copies with cp.async. A host function (no stream work): launches stay capturable.
+inline bool encode_cache_map(CUtensorMap& map, const void* base, std::int64_t rows,
+                             std::int64_t row_stride) {
+  const auto encode = tensor_map_encoder();
   if (encode == nullptr || rows <= 0 || rows > (std::int64_t(1) << 32)) return false;
   const cuuint64_t dims[2] = {cuuint64_t(kMlaQkDim), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(row_stride) * 2};  // bytes between rows
@@ -3046,18 +3061,7 @@ inline bool encode_cache_map(CUtensorMap& map, const void* base, std::int64_t ro
 /// query cannot be read so (dims not contiguous, a rank-major view of several ranks, unaligned
 /// base or strides) or no encoder is found.
 inline bool encode_query_map(CUtensorMap& map, const QDesc& q, std::int64_t tokens, int heads) {
-  using Encode = PFN_cuTensorMapEncodeTiled_v12000;
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return Encode(nullptr);
-    }
-    return reinterpret_cast<Encode>(fn);
-  }();
+  const auto encode = tensor_map_encoder();
   const auto aligned = [](std::int64_t stride) {
     return stride > 0 && (stride * 2) % 16 == 0 && stride * 2 < (std::int64_t(1) << 40);
   };
