@@ -207,8 +207,9 @@ struct SplitArgs {
   bool raw_bulk;
 };
 
-/// The second parameter of the warpgroup kernel. With kOn (the dense bf16 kernel of 64 heads,
-/// where every tile of the launch is 64 consecutive positions of one page: dense_splits), `map`
+/// The second parameter of the warpgroup kernel. With kOn (the dense bf16 kernels, 64 heads or
+/// narrow, where every tile of the launch is 64 consecutive positions of one page: dense_splits),
+/// `map`
 /// describes the bf16 cache as a (slots, 576) tensor in 64 x 64 boxes with the 128-byte swizzle,
 /// and a full tile of 64 consecutive slots is copied by the tensor memory accelerator
 /// (cp.async.bulk.tensor: 9 copies) instead of 4608 16-byte cp.async. Without, it is empty: the
@@ -2230,9 +2231,9 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///   bf16: two K/V stages; tile i + 1 is copied while tile i is computed. The hand-over is a pair
 ///         of mbarriers per stage: `full` (the producer's 128 threads arrive once a tile's bytes
 ///         are in place and fenced for the tensor cores) and `empty` (the consumers' 256 threads
-///         arrive once their products have read the stage). With kTma (the dense kernel of 64
-///         heads, launched where every tile is 64 consecutive positions of one page) a full tile
-///         is 9 tensor copies, whose bytes complete `full` (expect_tx).
+///         arrive once their products have read the stage). With kTma (the dense kernels, wide
+///         and narrow, launched where every tile is 64 consecutive positions of one page) a full
+///         tile is 9 tensor copies, whose bytes complete `full` (expect_tx).
 ///   fp8 (64 heads per CTA): one K/V stage (two bf16 stages, the query block and a raw stage do
 ///         not fit in 227 KiB) and one raw stage; the raw entries of tile i + 1 are copied while
 ///         tile i is computed.
@@ -2251,8 +2252,8 @@ __global__ void __launch_bounds__(
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a,
                   const __grid_constant__ CacheTensorMap<kTma> tensor_map) {
   constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
-  static_assert(!kTma || (kRows == kHeads && !kSparse && !kFp8 && is_plain_strided_v<CacheView>),
-                "dcpattn: tensor copies are for the dense bf16 kernel of 64 heads");
+  static_assert(!kTma || (!kSparse && !kFp8 && is_plain_strided_v<CacheView>),
+                "dcpattn: tensor copies are for the dense bf16 kernels");
   constexpr bool kRawPath = kFp8 && is_plain_strided_v<CacheView>;
   using L = Smem<kFp8, kRows>;
   static_assert(L::raw_stages + 2 <= L::slot_bufs,
@@ -3229,9 +3230,9 @@ void dense_splits(const QView& q, const CacheView& cache,
   // positions in one page: one split, or an interleave that is a multiple of 64, and pages of a
   // multiple of 64 tokens. The kernels rely on this to check a tile by its first and last slots
   // (a tile spanning pages could have them 63 apart with other pages between). Elsewhere (e.g.
-  // the 64 splits of interleave 1 at batch 1) tiles are never consecutive. bf16, 64 heads: the
-  // kernel with the tensor copies (kTma), a separate instantiation; fp8, both kernels: one bulk
-  // copy per raw tile (raw_bulk) where the cache's entries are contiguous rows.
+  // the 64 splits of interleave 1 at batch 1) tiles are never consecutive. bf16: the kernels
+  // with the tensor copies (kTma), separate instantiations; fp8: one bulk copy per raw tile
+  // (raw_bulk) where the cache's entries are contiguous rows.
   const bool page_runs = a.cache_vector && a.wgmma && p.page_size % kTileTokens == 0 &&
                          (p.num_splits == 1 || p.interleave % kTileTokens == 0);
   if constexpr (is_plain_strided_v<CacheView> &&
@@ -3239,10 +3240,13 @@ void dense_splits(const QView& q, const CacheView& cache,
     a.raw_bulk = page_runs && cache.stride(0) == wg::kRawEntry;
   if constexpr (is_plain_strided_v<CacheView> &&
                 mla_cache_format_v<CacheView> == CacheFormat::bf16) {
-    if (page_runs && a.heads > wg::kNarrowHeads) {
+    if (page_runs) {
       CacheTensorMap<true> tm;
       if (encode_cache_map(tm.map, cache.data_handle(), cache.extent(0), cache.stride(0))) {
-        launch_wg_rows<wg::kHeads, false, true>(a, stream, tm);
+        if (a.heads <= wg::kNarrowHeads)
+          launch_wg_rows<wg::kNarrowHeads, false, true>(a, stream, tm);
+        else
+          launch_wg_rows<wg::kHeads, false, true>(a, stream, tm);
         return;
       }
     }
