@@ -1448,23 +1448,8 @@ TEST_CASE("CUDA split-state merge of 2 to 64 states matches the host tree merge"
       }
       states.push_back(std::move(st));
     }
-    const Out merged = [&] {
-      std::vector<float> o, lse;
-      for (const Out& st : states) {
-        o.insert(o.end(), st.o.begin(), st.o.end());
-        lse.insert(lse.end(), st.lse.begin(), st.lse.end());
-      }
-      DeviceBuffer<float> so(o), sl(lse);
-      DeviceBuffer<float> mo(std::size_t(T * H * kDv)), ml(std::size_t(T * H));
-      mo.poison();
-      ml.poison();
-      dcpattn::cuda_kernels::detail::mla::merge_states(
-          so.get(), sl.get(), S, T, int(H), num_valid,
-          dcpattn::make_view(mo.get(), {T, H, std::int64_t(kDv)}),
-          dcpattn::make_view(ml.get(), {T, H}), nullptr);
-      sync_and_check();
-      return Out{T, H, mo.download(), ml.download()};
-    }();
+    // The states stacked (S, T, H, 512) + (S, T, H) and merged by merge_states.
+    const Out merged = gpu_merge_ranks(states, num_valid);
     check_host_merge_close(host_merge_ranks(states), merged, num_valid);
     for (std::int64_t h = 0; h < H; ++h) {  // the padding row
       CHECK(std::isinf(merged.lse_at(2, h)));
