@@ -1451,22 +1451,59 @@ DCPATTN_DEVICE float pow2i(int e) {
 ///   - qinv[h] = 2^-tau_h, which the scores are multiplied by.
 /// Built by kBuilders threads (thread `tid`): warp w fills heads [hw w, hw w + hw), hw = 16 /
 /// (kBuilders / 32); lane l reads latent dims [16 l, 16 l + 16) and RoPE dims 512 + 2 l, + 1 of
-/// each.
+/// each. Every element a thread needs is loaded once, all of them before the first is used (one
+/// memory round trip), with three vector loads per head where the row's dims are contiguous and
+/// 16-byte aligned. (Each head's row read twice, for its maximum and then for its conversion,
+/// one head after the other, left the query block to 9-11 us after the CTA's start at 64 x 4K,
+/// 16 heads, against 5-6 us for the first tile; docs/performance.md, run 16.)
 template <int kBuilders, class QSrc>
 DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
                                float* qinv, int tid) {
   constexpr int kHw = kNarrowHeads / (kBuilders / 32);  // heads per warp
   static_assert(kHw * (kBuilders / 32) == kNarrowHeads, "dcpattn: whole heads per warp");
   const int lane = tid & 31, w = tid >> 5;
-#pragma unroll 1
-  for (int r = kHw * w; r < kHw * w + kHw; ++r) {
-    const int h = h0 + r;
-    const bool live = h < heads;
-    float amax = 0.0f;
-    if (live) {
-#pragma unroll 4
-      for (int k = 0; k < 16; ++k)
-        amax = fmaxf(amax, fabsf(bfloat16{q_bits(q, t, h, 16 * lane + k)}.to_float()));
+  // Latent dims 16 lane + 2 k (low half) and + 1 (high half), and RoPE dims 512 + 2 lane, + 1, of
+  // each of the warp's heads, as bf16 pairs; zeros for a head >= heads.
+  std::uint32_t x[kHw][8], rope[kHw];
+#pragma unroll
+  for (int i = 0; i < kHw; ++i) {
+    const int h = h0 + kHw * w + i;
+    bool done = h >= heads;
+    if (done) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) x[i][k] = 0u;
+      rope[i] = 0u;
+    }
+    if constexpr (std::is_same_v<QSrc, QDesc>) {
+      const bfloat16* row = done ? nullptr : q.row(t, h);
+      if (!done && q.sd == 1 && (reinterpret_cast<std::uintptr_t>(row) & 15) == 0) {
+        const uint4 v0 = *reinterpret_cast<const uint4*>(row + 16 * lane);
+        const uint4 v1 = *reinterpret_cast<const uint4*>(row + 16 * lane + 8);
+        x[i][0] = v0.x, x[i][1] = v0.y, x[i][2] = v0.z, x[i][3] = v0.w;
+        x[i][4] = v1.x, x[i][5] = v1.y, x[i][6] = v1.z, x[i][7] = v1.w;
+        rope[i] = *reinterpret_cast<const std::uint32_t*>(row + kDsLatent + 2 * lane);
+        done = true;
+      }
+    }
+    if (!done) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        x[i][k] =
+            pack_bf16(q_bits(q, t, h, 16 * lane + 2 * k), q_bits(q, t, h, 16 * lane + 2 * k + 1));
+      const int d = kDsLatent + 2 * lane;
+      rope[i] = pack_bf16(q_bits(q, t, h, d), q_bits(q, t, h, d + 1));
+    }
+  }
+  const auto lo = [](std::uint32_t v) { return __int_as_float(int(v << 16)); };
+  const auto hi = [](std::uint32_t v) { return __int_as_float(int(v & 0xFFFF0000u)); };
+#pragma unroll
+  for (int i = 0; i < kHw; ++i) {
+    const int r = kHw * w + i;
+    float amax = 0.0f;  // a dead row (h >= heads) is all zeros: amax 0, tau 0
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      amax = fmaxf(amax, fabsf(lo(x[i][k])));
+      amax = fmaxf(amax, fabsf(hi(x[i][k])));
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
@@ -1475,20 +1512,15 @@ DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads,
     const int e = (__float_as_int(amax) >> 23) & 0xFF;
     const int tau = (amax > 0.0f && e < 255) ? max(-120, min(120, 141 - e)) : 0;
     const float up = pow2i(tau);
-#pragma unroll 2
-    for (int k = 0; k < 16; k += 2) {
-      const int d = 16 * lane + k;
-      const int col = kperm_column(d);
-      const float x0 = live ? bfloat16{q_bits(q, t, h, d)}.to_float() : 0.0f;
-      const float x1 = live ? bfloat16{q_bits(q, t, h, d + 1)}.to_float() : 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int col = kperm_column(16 * lane + 2 * k);
       *reinterpret_cast<__half2*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) + (col % 8) * 2) =
-          __floats2half2_rn(x0 * up, x1 * up);
+          __floats2half2_rn(lo(x[i][k]) * up, hi(x[i][k]) * up);
     }
-    const int d = kDsLatent + 2 * lane;
-    const int col = kperm_column(d);
-    const std::uint32_t rope = live ? pack_bf16(q_bits(q, t, h, d), q_bits(q, t, h, d + 1)) : 0u;
+    const int col = kperm_column(kDsLatent + 2 * lane);
     *reinterpret_cast<std::uint32_t*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) + (col % 8) * 2) =
-        rope;
+        rope[i];
     if (lane == 0) qinv[r] = pow2i(-tau);
   }
 }
