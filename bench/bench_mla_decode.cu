@@ -18,8 +18,10 @@
 // Time: one call behind a 256 MiB L2 flush, CUDA events, median of 30 (bench_common.cuh). The
 // flush reads the buffer, leaving clean lines in L2 (DCPATTN_BENCH_FLUSH=write: writes it, as
 // triton.testing.do_bench; on the H200 the two differ by under 3 us on batch-1 calls).
+// `host us`: the CPU time of one call's enqueue (checks, tensor-map encoding, launches).
 // JSON records go to argv[1] (default mla_decode.json).
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -193,6 +195,19 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const double graph_us =
       us < 1000.0 ? dcpattn::bench::median_us_graph(call, stream, 10, 3, 10) : -1.0;
 
+  // The host's share of a call: what the CPU spends enqueueing it (the argument checks, the
+  // tensor maps' encoding, the launches), the median over 20 calls enqueued back to back.
+  std::vector<double> host;
+  for (int i = 0; i < 20; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    const auto t1 = std::chrono::steady_clock::now();
+    host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::sort(host.begin(), host.end());
+  const double host_us = host[host.size() / 2];
+
   const double flops = 2.0 * double(B) * H * double(attended) * (576 + 512);
   const double bytes = double(B) * double(attended) * row_bytes + double(B) * H * 576 * 2 +
                        double(B) * H * (512 + 1) * 4 +
@@ -201,9 +216,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const double gbs = bytes / (us * 1e3);
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
-      "copy)  graph %.1f us\n",
+      "copy)  graph %.1f us  host %.1f us\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
-      p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, graph_us);
+      p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, graph_us, host_us);
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -218,6 +233,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("flush", write_flush ? "write" : "read")
       .field("median_us", us)
       .field("graph_us", graph_us)
+      .field("host_us", host_us)
       .field("tflops", tflops)
       .field("gbs", gbs)
       .field("copy_gbs", copy_gbs)
