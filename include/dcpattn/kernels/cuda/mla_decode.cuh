@@ -42,8 +42,8 @@
 //     fp32 accumulator in registers (warp w: 16 heads x 512 / (8/HT) value dims); the row sum l
 //     uses the unrounded fp32 probabilities, so lse is fp32-accurate;
 //   - the state o = acc x (1 / l), lse = m + logf(l) goes to scratch (S, T, H, 512) + (S, T, H), or
-//     straight to o/lse when S = 1; mla_merge_kernel (a CTA per (row, head), a dim per thread)
-//     then merges the S states.
+//     straight to o/lse when S = 1; mla_merge_kernel (a CTA per (row, head), a dim per thread;
+//     for S <= 8 mla_merge_row_kernel, four dims per thread) then merges the S states.
 //
 // Numerics (vs the scalar fp32 host reference): the query, the bf16 cache and the e4m3 codes are
 // exact in bf16, the products are exact and summed in fp32 by the tensor cores; the differences
@@ -843,6 +843,73 @@ __global__ void __launch_bounds__(kMlaVDim)
   merge_levels<S / 2, 0>(v, wa_s, wb_s);
   o(t, std::int64_t(h), std::int64_t(d)) = v[0];
   if (d == 0) lse(t, std::int64_t(h)) = lse_s[0];
+}
+
+/// Threads of mla_merge_row_kernel: 4 value dims each, one CTA per (t, h).
+inline constexpr int kMergeRowThreads = kMlaVDim / 4;
+/// The merge of few states (S = 2, 4, 8; chosen by launch_merge): mla_merge_kernel's result, bit
+/// for bit, from a CTA of 128 threads per (t, h), each loading its 4 dims of every state as one
+/// 16-byte vector and computing the tree's S - 1 weights itself from the S lse values (no shared
+/// memory, no barrier). A batch of many rows then fits the GPU in one wave of small CTAs: at 64 x
+/// 4K, 16 heads (1024 rows of 2 states) the 512-thread kernel's CTAs ran in two.
+/// `vec_out`: o's dims contiguous and 16-byte aligned (else four scalar stores).
+template <int S>
+__global__ void __launch_bounds__(kMergeRowThreads)
+    mla_merge_row_kernel(const float* __restrict__ states_o, const float* __restrict__ states_lse,
+                         std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
+                         TensorView<float, 2> lse, bool vec_out) {
+  static_assert(S >= 2 && S <= 8 && (S & (S - 1)) == 0, "dcpattn: S: 2, 4 or 8");
+  constexpr int kLevels = __builtin_ctz(S);
+  pdl_wait();  // the states (and, launched after a split kernel, its whole grid) are complete
+  const std::int64_t row = std::int64_t(blockIdx.x);  // t * heads + h
+  const std::int64_t t = row / heads;
+  const int h = int(row % heads);
+  const int d = 4 * int(threadIdx.x);
+  float4 out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float out_lse = lse_neg_inf;
+  if (t < num_valid_rows) {
+    const std::int64_t plane = tokens * heads;  // states per split
+    float l[S];
+    float4 v[S];
+#pragma unroll
+    for (int k = 0; k < S; ++k) l[k] = states_lse[k * plane + row];
+#pragma unroll
+    for (int k = 0; k < S; ++k)
+      v[k] = *reinterpret_cast<const float4*>(states_o + (k * plane + row) * kMlaVDim + d);
+    // The tree's weights, node by node in tree_merge's order (mla_merge_kernel's warp 0).
+    float wa[kLevels][S / 2], wb[kLevels][S / 2];
+#pragma unroll
+    for (int level = 0, half = S / 2; half >= 1; half >>= 1, ++level) {
+#pragma unroll
+      for (int k = 0; k < half; ++k) {
+        const MergeWeights mw = merge_lse(l[k], l[k + half]);
+        wa[level][k] = mw.w_a;
+        wb[level][k] = mw.w_b;
+        l[k] = mw.lse;
+      }
+    }
+    float c[4][S];
+#pragma unroll
+    for (int k = 0; k < S; ++k) {
+      c[0][k] = v[k].x;
+      c[1][k] = v[k].y;
+      c[2][k] = v[k].z;
+      c[3][k] = v[k].w;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) merge_levels<S / 2, 0>(c[e], wa, wb);
+    out = make_float4(c[0][0], c[1][0], c[2][0], c[3][0]);
+    out_lse = l[0];
+  }
+  if (vec_out) {
+    *reinterpret_cast<float4*>(&o(t, std::int64_t(h), std::int64_t(d))) = out;
+  } else {
+    o(t, std::int64_t(h), std::int64_t(d)) = out.x;
+    o(t, std::int64_t(h), std::int64_t(d + 1)) = out.y;
+    o(t, std::int64_t(h), std::int64_t(d + 2)) = out.z;
+    o(t, std::int64_t(h), std::int64_t(d + 3)) = out.w;
+  }
+  if (threadIdx.x == 0) lse(t, std::int64_t(h)) = out_lse;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3159,7 +3226,8 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
 }
 
 /// Launches the merge kernel of `count` states (count, T, H, 512) + (count, T, H); count is a
-/// power of two in [1, 64] (checked by the callers; 1 copies the state). `after_split`: the
+/// power of two in [1, 64] (checked by the callers; 1 copies the state); 2, 4 and 8 states take
+/// mla_merge_row_kernel, more mla_merge_kernel (the same bits either way). `after_split`: the
 /// previous operation on `stream` is the split kernel that wrote the states; on a compute
 /// capability 9.x device the merge is then launched as its programmatic dependent (pdl_wait).
 inline void launch_merge(const float* states_o, const float* states_lse, int count,
@@ -3177,6 +3245,24 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
   config.stream = stream;
   config.attrs = &attr;
   config.numAttrs = after_split && use_wgmma_kernel() ? 1 : 0;
+  if (count == 2 || count == 4 || count == 8) {
+    const bool vec_out = o.stride(2) == 1 && o.stride(1) % 4 == 0 && o.stride(0) % 4 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(o.data_handle()) % 16 == 0;
+    config.blockDim = dim3(unsigned(kMergeRowThreads));
+    switch (count) {
+#define DCPATTN_MLA_MERGE_ROW_CASE(S)                                                             \
+  case S:                                                                                         \
+    DCPATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_row_kernel<S>, states_o, states_lse, \
+                                          tokens, heads, num_valid_rows, o, lse, vec_out));       \
+    break;
+      DCPATTN_MLA_MERGE_ROW_CASE(2)
+      DCPATTN_MLA_MERGE_ROW_CASE(4)
+      DCPATTN_MLA_MERGE_ROW_CASE(8)
+#undef DCPATTN_MLA_MERGE_ROW_CASE
+    }
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   switch (count) {
 #define DCPATTN_MLA_MERGE_CASE(S)                                                             \
   case S:                                                                                     \
