@@ -1118,6 +1118,15 @@ DCPATTN_DEVICE void bulk_load([[maybe_unused]] std::uint32_t dst, [[maybe_unused
   __trap();  // the warpgroup kernel only (compute capability 9.x)
 #endif
 }
+/// One thread's bulk copy of a raw fp8 tile, the 64 consecutive entries from slot s0 of a cache of
+/// contiguous 656-byte entries, to shared `dst`; its bytes complete on `bar` (expect_tx).
+template <class CacheView>
+DCPATTN_DEVICE void bulk_load_raw_tile(std::uint32_t dst, const CacheView& cache, int s0,
+                                       std::uint64_t* bar) {
+  constexpr std::uint32_t kBytes = std::uint32_t(kTileTokens) * kRawEntry;
+  mbar_arrive_expect_tx(bar, kBytes);
+  bulk_load(dst, cache.data_handle() + std::int64_t(s0) * kRawEntry, kBytes, bar);
+}
 /// The first slot of a tile when it is full and its slots run consecutively from it, else -1.
 /// Only meaningful where the launch makes every tile a run of positions in one page
 /// (dense_splits): there a full tile whose first and last slots are 63 apart is 64 consecutive
@@ -2608,10 +2617,7 @@ __global__ void __launch_bounds__(
             const int s0 = a.raw_bulk ? page_run_start(slots, n_k) : -1;
             if (s0 >= 0) {
               if (ptid == 0) {
-                constexpr std::uint32_t kBytes = std::uint32_t(kTileTokens) * kRawEntry;
-                mbar_arrive_expect_tx(&full[k % R], kBytes);
-                bulk_load(smem_u32(dst), a.cache.data_handle() + std::int64_t(s0) * kRawEntry,
-                          kBytes, &full[k % R]);
+                bulk_load_raw_tile(smem_u32(dst), a.cache, s0, &full[k % R]);
               } else {
                 mbar_arrive(&full[k % R]);
               }
@@ -2715,12 +2721,7 @@ __global__ void __launch_bounds__(
             const int* slots = slot_s + (k % kSlotBufs) * kTileTokens;
             const int s0 = a.raw_bulk ? page_run_start(slots, n_k) : -1;
             if (s0 >= 0) {
-              if (ptid == 0) {
-                constexpr std::uint32_t kBytes = std::uint32_t(kTileTokens) * kRawEntry;
-                mbar_arrive_expect_tx(raw_full, kBytes);
-                bulk_load(smem_u32(raw(k)), a.cache.data_handle() + std::int64_t(s0) * kRawEntry,
-                          kBytes, raw_full);
-              }
+              if (ptid == 0) bulk_load_raw_tile(smem_u32(raw(k)), a.cache, s0, raw_full);
               return;
             }
             load_tile_raw(a.cache, slots, raw(k), ptid);
@@ -3270,9 +3271,6 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
                                           tokens, heads, num_valid_rows, o, lse));            \
     break;
     DCPATTN_MLA_MERGE_CASE(1)
-    DCPATTN_MLA_MERGE_CASE(2)
-    DCPATTN_MLA_MERGE_CASE(4)
-    DCPATTN_MLA_MERGE_CASE(8)
     DCPATTN_MLA_MERGE_CASE(16)
     DCPATTN_MLA_MERGE_CASE(32)
     DCPATTN_MLA_MERGE_CASE(64)
