@@ -1446,11 +1446,21 @@ TEST_CASE("CUDA split-state merge of 2 to 64 states matches the host tree merge"
         st.lse[r] = -std::numeric_limits<float>::infinity();
         std::fill_n(st.o.begin() + std::ptrdiff_t(r * kDv), kDv, 0.0f);
       }
+      if (k == S - 1) {
+        // A finite lse so far below the others that its weight underflows to 0 (row 1 x H + 3:
+        // no empty state there for S <= 4): its o, NaN here, must not be read into the result.
+        const std::size_t r = std::size_t(H + 3);
+        st.lse[r] = -300.0f;
+        std::fill_n(st.o.begin() + std::ptrdiff_t(r * kDv), kDv,
+                    std::numeric_limits<float>::quiet_NaN());
+      }
       states.push_back(std::move(st));
     }
     // The states stacked (S, T, H, 512) + (S, T, H) and merged by merge_states.
     const Out merged = gpu_merge_ranks(states, num_valid);
     check_host_merge_close(host_merge_ranks(states), merged, num_valid);
+    CHECK(std::all_of(merged.o_at(1, 3), merged.o_at(1, 3) + kDv,
+                      [](float x) { return std::isfinite(x); }));  // the NaN state not read
     for (std::int64_t h = 0; h < H; ++h) {  // the padding row
       CHECK(std::isinf(merged.lse_at(2, h)));
       CHECK(merged.lse_at(2, h) < 0.0f);

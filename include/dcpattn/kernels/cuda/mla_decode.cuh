@@ -783,34 +783,49 @@ DCPATTN_DEVICE float merge_element_rn(float oa, float ob, float wa, float wb) {
 
 /// The element merges of mla_merge_kernel from level `Level` (pairs k, k + Half) down to the
 /// root, unrolled at compile time: every index of v is a constant, so v stays in registers (a
-/// loop over the levels left v in local memory for S >= 16).
-template <int Half, int Level, int S, class W>
-DCPATTN_DEVICE void merge_levels(float (&v)[S], const W& wa_s, const W& wb_s) {
+/// loop over the levels left v in local memory for S >= 16). `w(level, k)` gives node k's
+/// weights {w_a, w_b}. `Plain`: every weight is non-zero (checked by the caller, uniformly for
+/// the row), so each element is w_a o_a + w_b o_b with no zero tests: merge_element_rn's value
+/// then, bit for bit, in three instructions instead of about eight.
+template <int Half, int Level, bool Plain, int S, class W>
+DCPATTN_DEVICE void merge_levels(float (&v)[S], const W& w) {
   if constexpr (Half >= 1) {
 #pragma unroll
-    for (int k = 0; k < Half; ++k)
-      v[k] = merge_element_rn(v[k], v[k + Half], wa_s[Level][k], wb_s[Level][k]);
-    merge_levels<Half / 2, Level + 1>(v, wa_s, wb_s);
+    for (int k = 0; k < Half; ++k) {
+      const float2 wk = w(Level, k);
+      v[k] = Plain ? __fadd_rn(__fmul_rn(wk.x, v[k]), __fmul_rn(wk.y, v[k + Half]))
+                   : merge_element_rn(v[k], v[k + Half], wk.x, wk.y);
+    }
+    merge_levels<Half / 2, Level + 1, Plain>(v, w);
   }
+}
+
+/// Offset of level `level`'s nodes in a flattened tree of S leaves (S / 2 nodes at level 0,
+/// S / 4 at level 1, ...): S - (S >> level).
+template <int S>
+DCPATTN_HOST_DEVICE constexpr int tree_level_offset(int level) {
+  return S - (S >> level);
 }
 
 /// Tree-merges S states (S, T, H, 512) + (S, T, H) along tree_merge's tree and writes the result
 /// to o/lse; padding rows t >= num_valid_rows get the neutral state without reading the states.
 /// One CTA of 512 threads per (t, h), one value dim per thread: a thread loads its dim of all S
-/// states at once (coalesced across the CTA) and merges them in registers; warp 0 computes the
-/// tree's weights (merge_lse per node) once into shared memory. The element arithmetic is
-/// merge_element_rn, node by node in tree_merge's order, so the result is bitwise what an
-/// in-place tree merge gives. The states are only read.
+/// states at once (coalesced across the CTA) and merges them in registers. Each warp computes
+/// the tree's S - 1 weights itself (merge_lse per node, a lane per node of a level, the lse
+/// values passed down by shuffles) into its own slice of shared memory: no CTA barrier, and the
+/// weights are ready while the values are still arriving. When every weight is non-zero (the
+/// usual case; a warp vote, the same for every warp of the row) the element merges skip the
+/// zero tests (merge_levels' Plain). The element arithmetic is merge_element_rn, node by node in
+/// tree_merge's order, so the result is bitwise what an in-place tree merge gives. The states
+/// are only read.
 template <int S>
 __global__ void __launch_bounds__(kMlaVDim)
     mla_merge_kernel(const float* __restrict__ states_o, const float* __restrict__ states_lse,
                      std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
                      TensorView<float, 2> lse) {
   static_assert(S >= 1 && S <= kMaxSplits && (S & (S - 1)) == 0, "dcpattn: S: 1..64, power of 2");
-  constexpr int kLevels = __builtin_ctz(S);
-  __shared__ float lse_s[S];
-  __shared__ float wa_s[kLevels > 0 ? kLevels : 1][S > 1 ? S / 2 : 1];
-  __shared__ float wb_s[kLevels > 0 ? kLevels : 1][S > 1 ? S / 2 : 1];
+  constexpr int kWarps = kMlaVDim / 32;
+  __shared__ float2 w_s[kWarps][S > 1 ? S - 1 : 1];  // each warp's tree weights {w_a, w_b}
   pdl_wait();  // the states (and, launched after a split kernel, its whole grid) are complete
   const std::int64_t row = std::int64_t(blockIdx.x);  // t * heads + h
   const std::int64_t t = row / heads;
@@ -825,24 +840,39 @@ __global__ void __launch_bounds__(kMlaVDim)
   float v[S];
 #pragma unroll
   for (int k = 0; k < S; ++k) v[k] = states_o[(k * plane + row) * kMlaVDim + d];
-  if (d < S) lse_s[d] = states_lse[d * plane + row];
-  __syncthreads();
-  if (d < 32) {
-    int level = 0;
-    for (int half = S / 2; half >= 1; half >>= 1, ++level) {
-      for (int k = d; k < half; k += 32) {
-        const MergeWeights mw = merge_lse(lse_s[k], lse_s[k + half]);
-        wa_s[level][k] = mw.w_a;
-        wb_s[level][k] = mw.w_b;
-        lse_s[k] = mw.lse;  // node k + half (read above) is not written at this level
+  if constexpr (S == 1) {
+    o(t, std::int64_t(h), std::int64_t(d)) = v[0];
+    if (d == 0) lse(t, std::int64_t(h)) = states_lse[row];
+  } else {
+    const int lane = d % 32;
+    float2* w = w_s[d / 32];
+    // Level 0: lane k < S / 2 holds leaves k and k + S / 2 (S <= 64: at most two lse a lane).
+    float la = lane < S / 2 ? states_lse[lane * plane + row] : lse_neg_inf;
+    float lb = lane < S / 2 ? states_lse[(lane + S / 2) * plane + row] : lse_neg_inf;
+    bool nonzero = true;
+#pragma unroll
+    for (int level = 0, half = S / 2; half >= 1; half >>= 1, ++level) {
+      if (level > 0) {  // node k + half of the level above, from lane k + half
+        lb = __shfl_down_sync(0xffffffffu, la, unsigned(half));
       }
-      __syncwarp();
+      if (lane < half) {
+        const MergeWeights mw = merge_lse(la, lb);
+        w[tree_level_offset<S>(level) + lane] = make_float2(mw.w_a, mw.w_b);
+        nonzero = nonzero && mw.w_a != 0.0f && mw.w_b != 0.0f;
+        la = mw.lse;
+      }
     }
+    const bool plain = __all_sync(0xffffffffu, nonzero);
+    __syncwarp();
+    const auto weights = [w](int level, int k) { return w[tree_level_offset<S>(level) + k]; };
+    if (plain) {
+      merge_levels<S / 2, 0, true>(v, weights);
+    } else {
+      merge_levels<S / 2, 0, false>(v, weights);
+    }
+    o(t, std::int64_t(h), std::int64_t(d)) = v[0];
+    if (d == 0) lse(t, std::int64_t(h)) = la;
   }
-  __syncthreads();
-  merge_levels<S / 2, 0>(v, wa_s, wb_s);
-  o(t, std::int64_t(h), std::int64_t(d)) = v[0];
-  if (d == 0) lse(t, std::int64_t(h)) = lse_s[0];
 }
 
 /// Threads of mla_merge_row_kernel: 4 value dims each, one CTA per (t, h).
@@ -859,7 +889,6 @@ __global__ void __launch_bounds__(kMergeRowThreads)
                          std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
                          TensorView<float, 2> lse, bool vec_out) {
   static_assert(S >= 2 && S <= 8 && (S & (S - 1)) == 0, "dcpattn: S: 2, 4 or 8");
-  constexpr int kLevels = __builtin_ctz(S);
   pdl_wait();  // the states (and, launched after a split kernel, its whole grid) are complete
   const std::int64_t row = std::int64_t(blockIdx.x);  // t * heads + h
   const std::int64_t t = row / heads;
@@ -876,18 +905,20 @@ __global__ void __launch_bounds__(kMergeRowThreads)
 #pragma unroll
     for (int k = 0; k < S; ++k)
       v[k] = *reinterpret_cast<const float4*>(states_o + (k * plane + row) * kMlaVDim + d);
-    // The tree's weights, node by node in tree_merge's order (mla_merge_kernel's warp 0).
-    float wa[kLevels][S / 2], wb[kLevels][S / 2];
+    // The tree's weights, node by node in tree_merge's order (as each warp of mla_merge_kernel).
+    float2 w[S - 1];
+    bool plain = true;  // every weight non-zero: the same for every thread of the row
 #pragma unroll
     for (int level = 0, half = S / 2; half >= 1; half >>= 1, ++level) {
 #pragma unroll
       for (int k = 0; k < half; ++k) {
         const MergeWeights mw = merge_lse(l[k], l[k + half]);
-        wa[level][k] = mw.w_a;
-        wb[level][k] = mw.w_b;
+        w[tree_level_offset<S>(level) + k] = make_float2(mw.w_a, mw.w_b);
+        plain = plain && mw.w_a != 0.0f && mw.w_b != 0.0f;
         l[k] = mw.lse;
       }
     }
+    const auto weights = [&w](int level, int k) { return w[tree_level_offset<S>(level) + k]; };
     float c[4][S];
 #pragma unroll
     for (int k = 0; k < S; ++k) {
@@ -896,8 +927,13 @@ __global__ void __launch_bounds__(kMergeRowThreads)
       c[2][k] = v[k].z;
       c[3][k] = v[k].w;
     }
+    if (plain) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) merge_levels<S / 2, 0>(c[e], wa, wb);
+      for (int e = 0; e < 4; ++e) merge_levels<S / 2, 0, true>(c[e], weights);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) merge_levels<S / 2, 0, false>(c[e], weights);
+    }
     out = make_float4(c[0][0], c[1][0], c[2][0], c[3][0]);
     out_lse = l[0];
   }
