@@ -72,6 +72,7 @@
 #include "dcpattn/core/tensor.hpp"
 #include "dcpattn/error.hpp"
 #include "dcpattn/kernels/cuda/convert.cuh"
+#include "dcpattn/kernels/cuda/merge_tree.cuh"
 #include "dcpattn/kernels/host/combine.hpp"
 #include "dcpattn/op/config.hpp"
 
@@ -342,11 +343,6 @@ DCPATTN_DEVICE void load_cols(RawVec<float, 4>& r, const Strided3<const float>& 
                     *x.at(i0, i1, c + 3));
 }
 
-/// weighted(w, o) of dcpattn/core/lse.hpp with an explicitly rounded product.
-DCPATTN_DEVICE float weighted_rn(float w, float o) {
-  return w != 0.0f ? __fmul_rn(w, o) : 0.0f;
-}
-
 /// weighted_rn(w, o), the same bits, with the product used whatever w is: it is masked to +0 by
 /// an AND that the compilers cannot see through (inline PTX), where weighted_rn's select let
 /// ptxas move the load of o into a branch on w (in merge_row_kernel's fast merge: the o load of a
@@ -369,13 +365,6 @@ DCPATTN_DEVICE MergeWeights merge_lse_early_out(float lse_a, float lse_b) {
   if (lse_b == lse_neg_inf) return {lse_a, 1.0f, 0.0f};
   if (lse_a == lse_neg_inf) return {lse_b, 0.0f, 1.0f};
   return merge_lse(lse_a, lse_b);
-}
-
-/// One element of merge_state_into (dcpattn/core/lse.hpp), same operations, no contraction.
-DCPATTN_DEVICE float merge_element(float oa, float ob, float wa, float wb) {
-  const float ta = weighted_rn(wa, oa);
-  const float tb = weighted_rn(wb, ob);
-  return wb == 0.0f ? ta : (wa == 0.0f ? tb : __fadd_rn(ta, tb));
 }
 
 /// lse_sum_n (fast_sum_n when kFast; dcpattn/core/lse.hpp) of n values evaluated by a whole
@@ -779,39 +768,32 @@ __global__ void __launch_bounds__(kRowBlock)
   float res[V];
   float merged = lse_neg_inf;
   if constexpr (kTree) {
-    // Every weight of the tree first (node S - 2 half + v: pair (v, v + half)), then the element
-    // merges. The lse chain is the kernel's critical path; interleaved with the element merges
-    // (whose selects ptxas turns into branches on the weights), the independent merges of a level
-    // ran one after the other.
-    float wa[S > 1 ? S - 1 : 1], wb[S > 1 ? S - 1 : 1];
-#pragma unroll
-    for (int half = S / 2; half >= 1; half /= 2) {
-      if (half < n) {
-#pragma unroll
-        for (int v = 0; v < half; ++v) {
-          const MergeWeights mw = merge_lse(l[v], l[v + half]);
-          wa[S - 2 * half + v] = mw.w_a;
-          wb[S - 2 * half + v] = mw.w_b;
-          l[v] = mw.lse;
-        }
-      }
-    }
-#pragma unroll
-    for (int half = S / 2; half >= 1; half /= 2) {
-      if (half < n) {
-#pragma unroll
-        for (int v = 0; v < half; ++v)
-#pragma unroll
-          for (int k = 0; k < V; ++k)
-            s[v][k] =
-                merge_element(s[v][k], s[v + half][k], wa[S - 2 * half + v], wb[S - 2 * half + v]);
-      }
-    }
+    // Every weight of the tree first, then the element merges (merge_tree.cuh). The lse chain is
+    // the kernel's critical path; interleaved with the element merges (whose selects ptxas turns
+    // into branches on the weights), the independent merges of a level ran one after the other.
+    // kTree runs n = S, or n = 1 on the 2-state tree: that one state passes through, the neutral
+    // o = +0 when it is empty.
+    float2 w[S - 1];
+    const bool merge = n > 1;
+    const bool plain = merge && tree_weights<S>(l, w);  // the same for every thread of the row
+    const auto weights = [&w](int node) { return w[node]; };
     merged = l[0];
-    // n = 1: the one state passes through, the neutral o = +0 when it is empty.
-    const bool zero = n == 1 && merged == lse_neg_inf;
+    const bool zero = !merge && merged == lse_neg_inf;
+    float column[V][S];
 #pragma unroll
-    for (int k = 0; k < V; ++k) res[k] = zero ? 0.0f : s[0][k];
+    for (int k = 0; k < V; ++k)
+#pragma unroll
+      for (int j = 0; j < S; ++j) column[k][j] = s[j][k];
+    if (plain) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) res[k] = tree_merge_column<true>(column[k], weights);
+    } else if (merge) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) res[k] = tree_merge_column<false>(column[k], weights);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) res[k] = zero ? 0.0f : s[0][k];
+    }
   } else {
     float m = lse_neg_inf;
 #pragma unroll

@@ -16,10 +16,11 @@
 // split index, N, T, the grid or the row count; how a tile reaches shared memory (cp.async,
 // scalar loads, tensor copies) does not change it either. With S = V / N, split j of rank r is
 // virtual shard v = j N + r of an N = 1 run with S = V, token for token, so its state is bitwise
-// the same. The split merge uses dcpattn::merge_lse and the element update of merge_state_into with
-// explicitly rounded products and sums (__fmul_rn, __fadd_rn: no FMA contraction), the operations
-// of the CUDA combine (dcpattn/kernels/cuda/combine.cuh); merging rank states with those kernels in
-// rank order therefore reproduces the N = 1 result bit for bit on the GPU. Against the host
+// the same. The split merge takes its arithmetic from dcpattn/kernels/cuda/merge_tree.cuh
+// (dcpattn::merge_lse and the element update of merge_state_into with explicitly rounded products
+// and sums: no FMA contraction), as the CUDA combine (dcpattn/kernels/cuda/combine.cuh) does;
+// merging rank states with the combine in rank order therefore reproduces the N = 1 result bit
+// for bit on the GPU. Against the host
 // reference the results are close, not bitwise (see "Numerics").
 //
 // Kernel design (mla_split_kernel, one CTA of 8 warps per (row, split, block of heads)):
@@ -96,6 +97,7 @@
 #include "dcpattn/gather/query_gather.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
 #include "dcpattn/kernels/cuda/convert.cuh"
+#include "dcpattn/kernels/cuda/merge_tree.cuh"
 #include "dcpattn/kernels/mla_kernel.hpp"
 #include "dcpattn/ownership/slot_ownership.hpp"
 
@@ -770,43 +772,6 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
   }
 }
 
-/// weighted(w, o) of dcpattn/core/lse.hpp with an explicitly rounded product.
-DCPATTN_DEVICE float weighted_rn(float w, float o) {
-  return w != 0.0f ? __fmul_rn(w, o) : 0.0f;
-}
-/// One element of merge_state_into (dcpattn/core/lse.hpp): the same operations, no contraction.
-DCPATTN_DEVICE float merge_element_rn(float oa, float ob, float wa, float wb) {
-  const float ta = weighted_rn(wa, oa);
-  const float tb = weighted_rn(wb, ob);
-  return wb == 0.0f ? ta : (wa == 0.0f ? tb : __fadd_rn(ta, tb));
-}
-
-/// The element merges of mla_merge_kernel from level `Level` (pairs k, k + Half) down to the
-/// root, unrolled at compile time: every index of v is a constant, so v stays in registers (a
-/// loop over the levels left v in local memory for S >= 16). `w(level, k)` gives node k's
-/// weights {w_a, w_b}. `Plain`: every weight is non-zero (checked by the caller, uniformly for
-/// the row), so each element is w_a o_a + w_b o_b with no zero tests: merge_element_rn's value
-/// then, bit for bit, in three instructions instead of about eight.
-template <int Half, int Level, bool Plain, int S, class W>
-DCPATTN_DEVICE void merge_levels(float (&v)[S], const W& w) {
-  if constexpr (Half >= 1) {
-#pragma unroll
-    for (int k = 0; k < Half; ++k) {
-      const float2 wk = w(Level, k);
-      v[k] = Plain ? __fadd_rn(__fmul_rn(wk.x, v[k]), __fmul_rn(wk.y, v[k + Half]))
-                   : merge_element_rn(v[k], v[k + Half], wk.x, wk.y);
-    }
-    merge_levels<Half / 2, Level + 1, Plain>(v, w);
-  }
-}
-
-/// Offset of level `level`'s nodes in a flattened tree of S leaves (S / 2 nodes at level 0,
-/// S / 4 at level 1, ...): S - (S >> level).
-template <int S>
-DCPATTN_HOST_DEVICE constexpr int tree_level_offset(int level) {
-  return S - (S >> level);
-}
-
 /// Tree-merges S states (S, T, H, 512) + (S, T, H) along tree_merge's tree and writes the result
 /// to o/lse; padding rows t >= num_valid_rows get the neutral state without reading the states.
 /// One CTA of 512 threads per (t, h), one value dim per thread: a thread loads its dim of all S
@@ -815,9 +780,9 @@ DCPATTN_HOST_DEVICE constexpr int tree_level_offset(int level) {
 /// values passed down by shuffles) into its own slice of shared memory: no CTA barrier, and the
 /// weights are ready while the values are still arriving. When every weight is non-zero (the
 /// usual case; a warp vote, the same for every warp of the row) the element merges skip the
-/// zero tests (merge_levels' Plain). The element arithmetic is merge_element_rn, node by node in
-/// tree_merge's order, so the result is bitwise what an in-place tree merge gives. The states
-/// are only read.
+/// zero tests (tree_merge_column's Plain). The element arithmetic is merge_tree.cuh's, node by
+/// node in tree_merge's order, so the result is bitwise what an in-place tree merge gives. The
+/// states are only read.
 template <int S>
 __global__ void __launch_bounds__(kMlaVDim)
     mla_merge_kernel(const float* __restrict__ states_o, const float* __restrict__ states_lse,
@@ -857,20 +822,16 @@ __global__ void __launch_bounds__(kMlaVDim)
       }
       if (lane < half) {
         const MergeWeights mw = merge_lse(la, lb);
-        w[tree_level_offset<S>(level) + lane] = make_float2(mw.w_a, mw.w_b);
+        w[tree_node<S>(level, lane)] = make_float2(mw.w_a, mw.w_b);
         nonzero = nonzero && mw.w_a != 0.0f && mw.w_b != 0.0f;
         la = mw.lse;
       }
     }
     const bool plain = __all_sync(0xffffffffu, nonzero);
     __syncwarp();
-    const auto weights = [w](int level, int k) { return w[tree_level_offset<S>(level) + k]; };
-    if (plain) {
-      merge_levels<S / 2, 0, true>(v, weights);
-    } else {
-      merge_levels<S / 2, 0, false>(v, weights);
-    }
-    o(t, std::int64_t(h), std::int64_t(d)) = v[0];
+    const auto weights = [w](int node) { return w[node]; };
+    o(t, std::int64_t(h), std::int64_t(d)) =
+        plain ? tree_merge_column<true>(v, weights) : tree_merge_column<false>(v, weights);
     if (d == 0) lse(t, std::int64_t(h)) = la;
   }
 }
@@ -907,18 +868,8 @@ __global__ void __launch_bounds__(kMergeRowThreads)
       v[k] = *reinterpret_cast<const float4*>(states_o + (k * plane + row) * kMlaVDim + d);
     // The tree's weights, node by node in tree_merge's order (as each warp of mla_merge_kernel).
     float2 w[S - 1];
-    bool plain = true;  // every weight non-zero: the same for every thread of the row
-#pragma unroll
-    for (int level = 0, half = S / 2; half >= 1; half >>= 1, ++level) {
-#pragma unroll
-      for (int k = 0; k < half; ++k) {
-        const MergeWeights mw = merge_lse(l[k], l[k + half]);
-        w[tree_level_offset<S>(level) + k] = make_float2(mw.w_a, mw.w_b);
-        plain = plain && mw.w_a != 0.0f && mw.w_b != 0.0f;
-        l[k] = mw.lse;
-      }
-    }
-    const auto weights = [&w](int level, int k) { return w[tree_level_offset<S>(level) + k]; };
+    const bool plain = tree_weights<S>(l, w);  // the same for every thread of the row
+    const auto weights = [&w](int node) { return w[node]; };
     float c[4][S];
 #pragma unroll
     for (int k = 0; k < S; ++k) {
@@ -927,12 +878,13 @@ __global__ void __launch_bounds__(kMergeRowThreads)
       c[2][k] = v[k].z;
       c[3][k] = v[k].w;
     }
-    if (plain) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) merge_levels<S / 2, 0, true>(c[e], weights);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) merge_levels<S / 2, 0, false>(c[e], weights);
+    for (int e = 0; e < 4; ++e) {
+      if (plain) {
+        tree_merge_column<true>(c[e], weights);
+      } else {
+        tree_merge_column<false>(c[e], weights);
+      }
     }
     out = make_float4(c[0][0], c[1][0], c[2][0], c[3][0]);
     out_lse = l[0];
