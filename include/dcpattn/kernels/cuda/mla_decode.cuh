@@ -20,8 +20,8 @@
 // (dcpattn::merge_lse and the element update of merge_state_into with explicitly rounded products
 // and sums: no FMA contraction), as the CUDA combine (dcpattn/kernels/cuda/combine.cuh) does;
 // merging rank states with the combine in rank order therefore reproduces the N = 1 result bit
-// for bit on the GPU. Against the host
-// reference the results are close, not bitwise (see "Numerics").
+// for bit on the GPU. Against the host reference the results are close, not bitwise (see
+// "Numerics").
 //
 // Kernel design (mla_split_kernel, one CTA of 8 warps per (row, split, block of heads)):
 //   - head block: 16 heads when H <= 16, else 64 (more blocks when H > 64); missing heads are
@@ -818,7 +818,7 @@ __global__ void __launch_bounds__(kMlaVDim)
 #pragma unroll
     for (int level = 0, half = S / 2; half >= 1; half >>= 1, ++level) {
       if (level > 0) {  // node k + half of the level above, from lane k + half
-        lb = __shfl_down_sync(0xffffffffu, la, unsigned(half));
+        lb = __shfl_down_sync(kFullMask, la, unsigned(half));
       }
       if (lane < half) {
         const MergeWeights mw = merge_lse(la, lb);
@@ -827,7 +827,7 @@ __global__ void __launch_bounds__(kMlaVDim)
         la = mw.lse;
       }
     }
-    const bool plain = __all_sync(0xffffffffu, nonzero);
+    const bool plain = __all_sync(kFullMask, nonzero);
     __syncwarp();
     const auto weights = [w](int node) { return w[node]; };
     o(t, std::int64_t(h), std::int64_t(d)) =
