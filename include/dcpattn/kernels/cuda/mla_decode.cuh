@@ -416,15 +416,14 @@ DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::i
   return slot < a.cache.extent(0) ? slot : -1;
 }
 
-/// Programmatic dependent launch (compute capability 9.x; no-ops below): the split kernels let the
-/// merge kernel's launch begin as soon as every split CTA has started (launch_dependents), and the
-/// merge kernel waits for the split kernel's completion and memory (wait) before it reads a state.
-/// The merge's launch latency then overlaps the split kernel's last tiles.
-DCPATTN_DEVICE void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+/// Programmatic dependent launch (compute capability 9.x; a no-op below): the merge kernel is
+/// launched as the split kernel's programmatic dependent and waits here for the split grid's
+/// completion and memory before it reads a state. The split kernels never trigger the launch
+/// early (griddepcontrol.launch_dependents), so it begins as their CTAs exit: the merge's launch
+/// latency overlaps the split grid's tail. An early trigger, right after a split CTA's set-up,
+/// was slower in the short calls that end with a merge: dense bf16 1 x 32K, 128 heads, 40.4
+/// against 38.9-39.1 us; fp8 16 heads 8 x 4K, 22.9-23.2 against 21.3-21.4 (docs/performance.md,
+/// run 18).
 DCPATTN_DEVICE void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -2420,7 +2419,6 @@ __global__ void __launch_bounds__(
     }
   }
   __syncthreads();  // barriers initialized (the last CTA-wide barrier)
-  pdl_launch_dependents();
 
   if (warp >= L::consumers / 32) {
     // ===================================== producer =====================================
