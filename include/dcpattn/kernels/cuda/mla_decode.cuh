@@ -1021,7 +1021,9 @@ struct Smem {
   static constexpr std::size_t fold = wsum + 4 * 4;
   // u64 full[4], empty[4] (by stage), then the narrow kernel's pt_full[2], pt_empty[2], then the
   // narrow fp8 kernel's q_full, chain_full[2], end_full
-  static constexpr std::size_t bar = fold + (reg_a ? 256 * 4 : 0);
+  /// The 64-head fp8 kernel: set when the query's tensor copies were issued (q_tma).
+  static constexpr std::size_t q_issued = fold + (reg_a ? 256 * 4 : 0);  // int
+  static constexpr std::size_t bar = q_issued + 8;
   static constexpr std::size_t bytes = bar + (reg_a ? 16 : 12) * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
   static_assert(bar % 8 == 0, "dcpattn: mbarriers must be 8-byte aligned");
@@ -2367,6 +2369,7 @@ __global__ void __launch_bounds__(
   int* wsum_s = reinterpret_cast<int*>(smem + L::wsum);
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
   std::uint64_t* empty = full + 4;
+  int* q_issued_s = reinterpret_cast<int*>(smem + L::q_issued);
   auto stage = [&](int st) { return smem + L::k + std::size_t(st) * kTile; };
 
   const int tid = int(threadIdx.x);
@@ -2394,6 +2397,7 @@ __global__ void __launch_bounds__(
 
   if (tid == 0) {
     if constexpr (kFp8 && !L::reg_a) {
+      *q_issued_s = 0;
       mbar_init(&full[0], kThreads);   // tile_begin: the raw entries and count of tile i are in
       mbar_init(&empty[0], kThreads);  // tile_ready: the K/V stage holds tile i; raw_s is free
       mbar_init(&full[1], 1);          // q_full: the query block's tensor copies landed (q_tma)
@@ -2574,6 +2578,7 @@ __global__ void __launch_bounds__(
             mbar_arrive_expect_tx(&full[1], std::uint32_t(kTile));
             for (int b = 0; b < kDimBlocks; ++b)
               tma_load_3d(smem_u32(q_s + b * kBlock), &a.q_map, 64 * b, h0, int(t), &full[1]);
+            *q_issued_s = 1;  // published to the consumers with tile 0's count (tile_begin)
           }
         } else {
           load_q<kRows, kProducers>(a.q, t, h0, a.heads, q_s, ptid);
@@ -2901,6 +2906,11 @@ __global__ void __launch_bounds__(
 
     // --- The state: o = acc / l with l the sum of the warpgroups' shares (warpgroup 0's first),
     // lse = m + log(l); l == 0 (no token) is the neutral state.
+    // A split without tiles (a sparse row whose entries all belong to other splits) never waited
+    // for the query's tensor copies: wait for them here, so that no CTA exits with a copy into
+    // its shared memory in flight (after a tile the phase is complete and this returns at once).
+    if constexpr (kFp8)
+      if (a.q_tma && *q_issued_s != 0) mbar_wait(&full[1], 0);
     consumer_barrier();  // every xrow read of the last tile is done
     if ((lane & 3) == 0) {
       xrow[g * kHeads + r0] = l_0;
