@@ -1019,10 +1019,10 @@ struct Smem {
   /// softmax state, the column maxima and row sums of the two score warpgroups
   /// (narrow_fp8_consumers).
   static constexpr std::size_t fold = wsum + 4 * 4;
-  // u64 full[4], empty[4] (by stage), then the narrow kernel's pt_full[2], pt_empty[2], then the
-  // narrow fp8 kernel's q_full, chain_full[2], end_full
   /// The 64-head fp8 kernel: set when the query's tensor copies were issued (q_tma).
   static constexpr std::size_t q_issued = fold + (reg_a ? 256 * 4 : 0);  // int
+  // u64 full[4], empty[4] (by stage), then the narrow kernel's pt_full[2], pt_empty[2], then the
+  // narrow fp8 kernel's q_full, chain_full[2], end_full
   static constexpr std::size_t bar = q_issued + 8;
   static constexpr std::size_t bytes = bar + (reg_a ? 16 : 12) * 8;
   static_assert(p % 1024 == 0 && k % 1024 == 0, "dcpattn: swizzled regions must be 1024-aligned");
@@ -2571,7 +2571,8 @@ __global__ void __launch_bounds__(
       // The 64-head fp8 kernel's producer copies the query block, first: the copies do not wait
       // on the block table. (Its consumers copying it instead made every tile about 10% slower.)
       // With q_tma one thread issues 9 tensor copies (heads past H read as zeros), which complete
-      // on q_full; the consumers wait for it before their first product.
+      // on q_full; the consumers wait for it before their first product, or, in a split without
+      // tiles, after their tile loop (q_issued_s tells them the copies were issued).
       if (any_work) {
         if (a.q_tma) {
           if (ptid == 0) {
