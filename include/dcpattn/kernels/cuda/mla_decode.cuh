@@ -416,14 +416,17 @@ DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::i
   return slot < a.cache.extent(0) ? slot : -1;
 }
 
-/// Programmatic dependent launch (compute capability 9.x; a no-op below): the merge kernel is
-/// launched as the split kernel's programmatic dependent and waits here for the split grid's
-/// completion and memory before it reads a state. The split kernels never trigger the launch
-/// early (griddepcontrol.launch_dependents), so it begins as their CTAs exit: the merge's launch
-/// latency overlaps the split grid's tail. An early trigger, right after a split CTA's set-up,
-/// was slower in the short calls that end with a merge: dense bf16 1 x 32K, 128 heads, 40.4
-/// against 38.9-39.1 us; fp8 16 heads 8 x 4K, 22.9-23.2 against 21.3-21.4 (docs/performance.md,
-/// run 18).
+/// Programmatic dependent launch (compute capability 9.x; a no-op below). The split kernels are
+/// launched as programmatic dependents of whatever kernel precedes them on the stream
+/// (launch_dependent), and the merge kernel as the split kernel's. Each waits here, before its
+/// first access to global memory, for the previous grid's completion and memory: nothing it reads
+/// or writes is touched earlier, whatever that grid is; only the launch and the CTAs' start
+/// overlap its tail (CUDA-graph replays of back-to-back calls, H200: 0.7-0.9 us a call, e.g.
+/// dense bf16 1 x 32K, 128 heads, 35.5 -> 34.7 us; docs/performance.md, run 19). No kernel here
+/// triggers its dependents early (griddepcontrol.launch_dependents), so a dependent's launch
+/// begins as the CTAs exit. A split CTA's trigger right after its set-up was slower in the short
+/// calls that end with a merge: dense bf16 1 x 32K, 128 heads, 40.4 against 38.9-39.1 us; fp8 16
+/// heads 8 x 4K, 22.9-23.2 against 21.3-21.4 (run 18).
 DCPATTN_DEVICE void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -512,6 +515,7 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
   std::int64_t* ring_s = reinterpret_cast<std::int64_t*>(smem + L::ring);
   int* wsum_s = reinterpret_cast<int*>(smem + L::wsum);
 
+  pdl_wait();  // launched as a programmatic dependent (launch_dependent)
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -2381,6 +2385,7 @@ __global__ void __launch_bounds__(
   const int j = int((blockIdx.x / unsigned(head_blocks)) % unsigned(S));
   const std::int64_t t = std::int64_t(blockIdx.x / unsigned(head_blocks) / unsigned(S));
   const int h0 = hb * kRows;
+  pdl_wait();  // launched as a programmatic dependent (launch_dependent)
 
   if (t >= a.num_valid_rows) {
     // Padding row: nothing of it is read. With S > 1 the merge kernel writes its neutral state.
@@ -2997,6 +3002,14 @@ inline std::size_t split_state_bytes(std::int64_t tokens, std::int64_t heads, in
          std::size_t(kMlaVDim + 1) * sizeof(float);
 }
 
+/// The current device's compute capability major number.
+inline int device_cc_major() {
+  int device = 0, major = 0;
+  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
+  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major;
+}
+
 /// Raises `kernel`'s dynamic shared-memory limit to `smem` on the current device, once per device
 /// (bit d of `configured`, one per kernel; devices beyond 63 set it at every launch). Not a stream
 /// operation: launches stay graph-capturable.
@@ -3013,6 +3026,25 @@ void raise_smem_limit(Kernel kernel, std::size_t smem,
   }
 }
 
+/// Launches a split kernel on `stream`: on a compute capability 9.x device as a programmatic
+/// dependent of the kernel before it on the stream, if any (the split kernels begin with
+/// pdl_wait), so that its launch overlaps that kernel's tail.
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                      cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = device_cc_major() == 9 ? 1 : 0;
+  DCPATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
 template <int HT, bool kSparse, class QSrc, class CacheView, class Own>
 void launch_split_ht(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream) {
   auto kernel = &mla_split_kernel<HT, kSparse, QSrc, CacheView, Own>;
@@ -3021,8 +3053,7 @@ void launch_split_ht(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t s
   raise_smem_limit(kernel, smem, configured);
   const int head_blocks = (args.heads + 16 * HT - 1) / (16 * HT);
   const dim3 grid(unsigned(args.tokens), unsigned(args.num_splits * head_blocks));
-  kernel<<<grid, kThreads, smem, stream>>>(args);
-  DCPATTN_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(kernel, grid, dim3(kThreads), smem, stream, args);
 }
 
 /// Head block of a launch: 16 heads when H <= 16, else 64.
@@ -3041,8 +3072,8 @@ void launch_wg_rows(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t st
   raise_smem_limit(kernel, smem, configured);
   const std::int64_t head_blocks = (args.heads + kRows - 1) / kRows;
   const std::int64_t blocks = args.tokens * args.num_splits * head_blocks;
-  kernel<<<unsigned(blocks), unsigned(L::threads), smem, stream>>>(args, tensor_map);
-  DCPATTN_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(kernel, dim3(unsigned(blocks)), dim3(unsigned(L::threads)), smem, stream, args,
+                   tensor_map);
 }
 
 /// The warpgroup kernel: one CTA per (row, split, block of heads); the narrow (transposed) one
@@ -3063,10 +3094,7 @@ inline std::atomic<bool> force_mma_sync_kernel{false};
 /// Other devices (8.x) run mla_split_kernel (mma.sync).
 inline bool use_wgmma_kernel() {
   if (force_mma_sync_kernel.load(std::memory_order_relaxed)) return false;
-  int device = 0, major = 0;
-  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
-  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major == 9;
+  return device_cc_major() == 9;
 }
 
 template <bool kSparse, class QSrc, class CacheView, class Own>
