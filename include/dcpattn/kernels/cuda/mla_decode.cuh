@@ -248,6 +248,21 @@ DCPATTN_DEVICE void ldsm_x4_trans(std::uint32_t addr, std::uint32_t (&r)[4]) {
                : "r"(addr)
                : "memory");
 }
+/// Stores four 8x8 matrices of 16-bit elements transposed (stmatrix .trans): register k of lane
+/// l holds elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix k (the low half the
+/// first); lane 8 k + j gives the 16-byte-aligned address of row j of matrix k as stored, which
+/// holds column j of the matrix.
+DCPATTN_DEVICE void stsm_x4_trans([[maybe_unused]] std::uint32_t addr,
+                                  [[maybe_unused]] const std::uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+      : "memory");
+#else
+  __trap();  // the narrow fp8 kernel only: sm_90a
+#endif
+}
 /// d += a b for one m16n8k16 bf16 tile with fp32 accumulation. Fragments (PTX ISA, "Matrix
 /// Fragments for mma.m16n8k16 with floating point type"), g = lane / 4, c = lane % 4:
 /// a = {(g, 2c..), (g+8, 2c..), (g, 2c+8..), (g+8, 2c+8..)}, b = {(k 2c.., n g), (k 2c+8.., n g)},
@@ -1024,7 +1039,7 @@ struct Smem {
   /// (narrow_fp8_consumers).
   static constexpr std::size_t fold = wsum + 4 * 4;
   /// The 64-head fp8 kernel: set when the query's tensor copies were issued (q_tma).
-  static constexpr std::size_t q_issued = fold + (reg_a ? 256 * 4 : 0);  // int
+  static constexpr std::size_t q_issued = fold + (reg_a ? 448 * 4 : 0);  // int
   // u64 full[4], empty[4] (by stage), then the narrow kernel's pt_full[2], pt_empty[2], then the
   // narrow fp8 kernel's q_full, chain_full[2], end_full
   static constexpr std::size_t bar = q_issued + 8;
@@ -1947,18 +1962,18 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   const int* count_s = reinterpret_cast<const int*>(smem + L::count);
   // xrow: 64 floats unused here, then the softmax's rescale factors by tile parity [2][16].
   float* alpha_s = reinterpret_cast<float*>(smem + L::xrow) + 4 * kNarrowHeads;
-  // fold, 256 words: qinv[16] (load_q_fp8); the warps' scale exponents by score warpgroup
-  // [2][4][4]; by tile parity the groups' rescale factors [2][4], and the chained state: the
-  // largest scale exponents [2][4] and the running maxima [2][16]; by score warpgroup the row
-  // sums [2][16] and the column maxima [2][4][16].
+  // fold, 448 words: qinv[16] (load_q_fp8); 32 words unused; by tile parity the groups' rescale
+  // factors [2][4], and the chained state: the largest scale exponents [2][4] and the running
+  // maxima [2][16]; by score warpgroup the row sums [2][16]; by score warpgroup and the parity of
+  // its tile count (i / 2) the warps' column maxima [2][2][4][16] and scale exponents [2][2][4][4].
   float* fold = reinterpret_cast<float*>(smem + L::fold);
   const float* qinv_s = fold;
-  int* sexp_all = reinterpret_cast<int*>(fold + 16);
   float* resc_s = fold + 48;
   int* csig_s = reinterpret_cast<int*>(fold + 56);
   float* cm_s = fold + 64;
   float* lsum_all = fold + 96;
   float* xcol_all = fold + 128;
+  int* sexp_all = reinterpret_cast<int*>(fold + 384);
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(smem + L::bar);
   std::uint64_t* empty = full + 4;
   std::uint64_t* pt_full = full + 8;
@@ -1989,8 +2004,11 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegAScoreRegs));
 #endif
     const int r0 = 16 * wq + gq, r1 = r0 + 8;  // this thread's tokens
-    float* xcol = xcol_all + role * 4 * kNarrowHeads;
-    int* sexp_s = sexp_all + role * 4 * kGroups;
+    // The warps' column maxima and scale exponents of this warpgroup's tile i, by (i / 2) mod 2:
+    // a warp writes those of tile i + 4 only after the named barrier of tile i + 2, which every
+    // warp passes only once done reading those of tile i.
+    float* xcol = xcol_all + role * 8 * kNarrowHeads;
+    int* sexp_s = sexp_all + role * 8 * kGroups;
     const int bar_id = 3 + role;  // this warpgroup's named barrier
     // The query block (one head block: h0 = 0), built by both score warpgroups while the first
     // tiles are copied, fenced for the tensor cores and published.
@@ -2098,13 +2116,15 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
         ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 8));
         ex[grp] = max(ex[grp], __shfl_xor_sync(kFullMask, ex[grp], 16));
       }
+      float* xc = xcol + ((i >> 1) & 1) * 4 * kNarrowHeads;
+      int* sx = sexp_s + ((i >> 1) & 1) * 4 * kGroups;
       if (lane < 4) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) xcol[wq * kNarrowHeads + head_of(q)] = mx[q];
+        for (int q = 0; q < 4; ++q) xc[wq * kNarrowHeads + head_of(q)] = mx[q];
       }
       if (lane == 0) {
 #pragma unroll
-        for (int grp = 0; grp < kGroups; ++grp) sexp_s[wq * kGroups + grp] = ex[grp];
+        for (int grp = 0; grp < kGroups; ++grp) sx[wq * kGroups + grp] = ex[grp];
       }
       named_barrier(bar_id, 128);
 
@@ -2128,14 +2148,14 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int h = head_of(q);
-        mn[q] = fmaxf(mp[q], fmaxf(fmaxf(xcol[h], xcol[kNarrowHeads + h]),
-                                   fmaxf(xcol[2 * kNarrowHeads + h], xcol[3 * kNarrowHeads + h])));
+        mn[q] = fmaxf(mp[q], fmaxf(fmaxf(xc[h], xc[kNarrowHeads + h]),
+                                   fmaxf(xc[2 * kNarrowHeads + h], xc[3 * kNarrowHeads + h])));
       }
 #pragma unroll
       for (int grp = 0; grp < kGroups; ++grp) {
         sn[grp] = sp[grp];
 #pragma unroll
-        for (int w = 0; w < 4; ++w) sn[grp] = max(sn[grp], sexp_s[w * kGroups + grp]);
+        for (int w = 0; w < 4; ++w) sn[grp] = max(sn[grp], sx[w * kGroups + grp]);
         sn[grp] = min(sn[grp], 253);  // inf / NaN scales: their weights are not finite either way
       }
       if (wq == 0 && lane < 4) {
@@ -2162,30 +2182,42 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
           resc_s[(i & 1) * kGroups + grp] = d >= -126 ? pow2i(d) : 0.0f;
         }
       }
+      float p0[4], p1[4];  // head q's weights of tokens r0, r1
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int h = head_of(q);
         const int e = elem_of(q);
         const float mu = mn[q] == kNegInf ? 0.0f : mn[q];
-        const float p0 = expf(s[e] - mu);
-        const float p1 = expf(s[e + 2] - mu);
-        l[q] = l[q] * expf(mo[q] - mu) + (p0 + p1);
+        p0[q] = expf(s[e] - mu);
+        p1[q] = expf(s[e + 2] - mu);
+        l[q] = l[q] * expf(mo[q] - mu) + (p0[q] + p1[q]);
         mo[q] = mn[q];
-        // P_g^T row h, token r: chunk (r / 8) ^ (h mod 8) of the 128-byte row, element r mod 8.
-        const int o0 = h * 128 + (r0 & 7) * 2 + (((r0 >> 3) ^ (h & 7)) << 4);
-        const int o1 = h * 128 + (r1 & 7) * 2 + (((r1 >> 3) ^ (h & 7)) << 4);
-#pragma unroll
-        for (int grp = 0; grp < kGroups; ++grp) {
-          unsigned char* pb = pt_block(i & 1, grp);
-          *reinterpret_cast<__half*>(pb + o0) = __float2half_rn(p0 * f0[grp]);
-          *reinterpret_cast<__half*>(pb + o1) = __float2half_rn(p1 * f1[grp]);
-        }
         if (wq == 0 && lane < 4) alpha[h] = expf(mp[q] - mu);
       }
+      // P_g^T: row h holds token r in chunk (r / 8) ^ (h mod 8) of its 128 bytes, element r mod
+      // 8. One transposing matrix store per group: this thread's weights (tokens r0, r1; heads
+      // 2c, 2c + 1 and 8 + 2c, 9 + 2c) are its fragment of the matrices {tokens 16 wq + [0, 8),
+      // heads [0, 8)}, {16 wq + [8, 16), [0, 8)}, {16 wq + [0, 8), [8, 16)} and {16 wq + [8, 16),
+      // [8, 16)}; lane 8 m + j addresses row (head) 8 (m / 2) + j of matrix m.
+      const int sm = lane >> 3, sj = lane & 7;
+      const std::uint32_t st_row =
+          std::uint32_t((8 * (sm >> 1) + sj) * 128 + (((2 * wq + (sm & 1)) ^ sj) << 4));
+      const auto half2_bits = [](float x, float y) {
+        const __half2 v = __floats2half2_rn(x, y);  // x in the low half
+        return *reinterpret_cast<const std::uint32_t*>(&v);
+      };
+#pragma unroll
+      for (int grp = 0; grp < kGroups; ++grp) {
+        const std::uint32_t r[4] = {half2_bits(p0[0] * f0[grp], p0[1] * f0[grp]),
+                                    half2_bits(p1[0] * f1[grp], p1[1] * f1[grp]),
+                                    half2_bits(p0[2] * f0[grp], p0[3] * f0[grp]),
+                                    half2_bits(p1[2] * f1[grp], p1[3] * f1[grp])};
+        stsm_x4_trans(smem_u32(pt_block(i & 1, grp)) + st_row, r);
+      }
       fence_proxy_async();
-      mbar_arrive(&pt_full[i & 1]);  // P_g^T and the rescale factors of tile i are complete
-      // Every warp of this warpgroup has read xcol and sexp_s before any writes them again.
-      mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
+      // P_g^T and the rescale factors of tile i are complete. No warp arrives for tile i + 2
+      // before all have arrived for tile i: each passes tile i + 2's named barrier first.
+      mbar_arrive(&pt_full[i & 1]);
     }
 
     // --- End of the split: the row sums rescaled to the final maxima, reduced over this
@@ -2202,6 +2234,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) l[q] *= expf(mo[q] - (mf[q] == kNegInf ? 0.0f : mf[q]));
+    named_barrier(bar_id, 128);  // every warp is done reading the column maxima (xcol reused)
     narrow_row_sums(l, xcol, lsum_all + role * kNarrowHeads, wq, lane, bar_id);
     mbar_arrive(end_full);
     if (role == 0 && wq == 0 && lane < 4) {
