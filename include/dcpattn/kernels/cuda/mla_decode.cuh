@@ -1938,6 +1938,13 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 ///     thread (w, g, c) reads 4 consecutive codes of each group per token with one 32-bit load;
 ///     its tokens are the fragment's columns as they are (16 kk + 2 c + {0, 1, 8, 9}), and a byte
 ///     permute pairs the two tokens of each register.
+/// The narrow fp8 kernel's lazy rescaling (narrow_fp8_consumers): a running maximum moves only
+/// when a tile's exceeds it by more than kMaxLag, a group's scale exponent only when a tile's
+/// exceeds it by more than kExpLag. A weight p scale 2^(127 - sigma) then stays below
+/// e^8 2^3 < 2^15, within f16's range.
+inline constexpr float kMaxLag = 8.0f;
+inline constexpr int kExpLag = 2;
+
 /// e^x for the narrow fp8 kernel's softmax: 2^(x log2 e) by the special-function unit
 /// (ex2.approx.ftz), about 3 instructions against expf's 9. Relative error about 2^-21 for the
 /// |x| of a softmax, against the f16 rounding of the weights (2^-11) it feeds; results below
@@ -1975,8 +1982,10 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   const int hc = 2 * c;  // this thread's heads: 8 jn + hc + e, index q = 2 jn + e
   const int* slot_s = reinterpret_cast<const int*>(smem + L::slot);
   const int* count_s = reinterpret_cast<const int*>(smem + L::count);
-  // xrow: 64 floats unused here, then the softmax's rescale factors by tile parity [2][16].
+  // xrow: 64 floats unused here, then the softmax's rescale factors by tile parity [2][16], then
+  // by tile parity whether O^T is rescaled at all [2].
   float* alpha_s = reinterpret_cast<float*>(smem + L::xrow) + 4 * kNarrowHeads;
+  int* rescale_s = reinterpret_cast<int*>(smem + L::xrow) + 6 * kNarrowHeads;
   // fold, 448 words: qinv[16] (load_q_fp8); 32 words unused; by tile parity the groups' rescale
   // factors [2][4], and the chained state: the largest scale exponents [2][4] and the running
   // maxima [2][16]; by score warpgroup the row sums [2][16]; by score warpgroup and the parity of
@@ -2160,19 +2169,28 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 #pragma unroll
         for (int grp = 0; grp < kGroups; ++grp) sp[grp] = 0;
       }
+      // The maxima and scale exponents move only when the tile's exceed them by more than
+      // kMaxLag and kExpLag (lazy rescaling): the weights stay below e^kMaxLag 2^(1 + kExpLag),
+      // within f16's range, and most tiles leave O^T as it is.
+      bool moved = false;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int h = head_of(q);
-        mn[q] = fmaxf(mp[q], fmaxf(fmaxf(xc[h], xc[kNarrowHeads + h]),
-                                   fmaxf(xc[2 * kNarrowHeads + h], xc[3 * kNarrowHeads + h])));
+        const float tm = fmaxf(fmaxf(xc[h], xc[kNarrowHeads + h]),
+                               fmaxf(xc[2 * kNarrowHeads + h], xc[3 * kNarrowHeads + h]));
+        mn[q] = tm > mp[q] + kMaxLag ? tm : mp[q];  // mp = -inf: the tile's maximum
+        moved = moved || mn[q] != mp[q];
       }
 #pragma unroll
       for (int grp = 0; grp < kGroups; ++grp) {
-        sn[grp] = sp[grp];
+        int tx = 0;
 #pragma unroll
-        for (int w = 0; w < 4; ++w) sn[grp] = max(sn[grp], sx[w * kGroups + grp]);
+        for (int w = 0; w < 4; ++w) tx = max(tx, sx[w * kGroups + grp]);
+        sn[grp] = tx > sp[grp] + kExpLag ? tx : sp[grp];
         sn[grp] = min(sn[grp], 253);  // inf / NaN scales: their weights are not finite either way
+        moved = moved || sn[grp] != sp[grp];
       }
+      moved = __any_sync(kFullMask, moved);
       if (wq == 0 && lane < 4) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) cm_s[(i & 1) * kNarrowHeads + head_of(q)] = mn[q];
@@ -2209,6 +2227,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
         mo[q] = mn[q];
         if (wq == 0 && lane < 4) alpha[h] = exp_sfu(mp[q] - mu);
       }
+      if (wq == 0 && lane == 0) rescale_s[i & 1] = moved ? 1 : 0;
       // P_g^T: row h holds token r in chunk (r / 8) ^ (h mod 8) of its 128 bytes, element r mod
       // 8. One transposing matrix store per group: this thread's weights (tokens r0, r1; heads
       // 2c, 2c + 1 and 8 + 2c, 9 + 2c) are its fragment of the matrices {tokens 16 wq + [0, 8),
@@ -2313,24 +2332,26 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
       if (kk == kSteps - 1) mbar_arrive(&empty[st]);  // this thread's reads are done
       if (kk == 0) {
         mbar_wait(&pt_full[i & 1], (i >> 1) & 1);
-        const float* alpha = alpha_s + (i & 1) * kNarrowHeads;
-        float al[4], rg[kGroups];
+        if (rescale_s[i & 1] != 0) {  // the same for the whole warpgroup
+          const float* alpha = alpha_s + (i & 1) * kNarrowHeads;
+          float al[4], rg[kGroups];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
+          for (int q = 0; q < 4; ++q) al[q] = alpha[head_of(q)];
 #pragma unroll
-        for (int grp = 0; grp < kGroups; ++grp) rg[grp] = resc_s[(i & 1) * kGroups + grp];
+          for (int grp = 0; grp < kGroups; ++grp) rg[grp] = resc_s[(i & 1) * kGroups + grp];
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb) {
+          for (int mb = 0; mb < 8; ++mb) {
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const float f = al[q] * rg[mb >> 1];
-            o[mb][elem_of(q)] *= f;
-            o[mb][elem_of(q) + 2] *= f;
+            for (int q = 0; q < 4; ++q) {
+              const float f = al[q] * rg[mb >> 1];
+              o[mb][elem_of(q)] *= f;
+              o[mb][elem_of(q) + 2] *= f;
+            }
           }
-        }
-        // The rescaling completes before the products (see narrow_consumers).
+          // The rescaling completes before the products (see narrow_consumers).
 #pragma unroll
-        for (int mb = 0; mb < 8; ++mb) fence_registers(o[mb]);
+          for (int mb = 0; mb < 8; ++mb) fence_registers(o[mb]);
+        }
       }
       wgmma_fence();
 #pragma unroll
