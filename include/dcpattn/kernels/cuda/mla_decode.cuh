@@ -2708,7 +2708,11 @@ __global__ void __launch_bounds__(
       while (n_k > 0) {
         // Tile k's slots are in; the block-table reads of tile k + 1 go out before the wait.
         if constexpr (!kSparse) read_ahead();
-        mbar_wait(&empty[k % R], (k / R - 1) & 1);  // tile k - R was read
+        // Tile k - R was read: one warp polls for it, the others wait at the producer barrier,
+        // which issues nothing while it waits (the polls of four warps took issue slots from the
+        // consumer warps beside them).
+        if (ptid < 32) mbar_wait(&empty[k % R], (k / R - 1) & 1);
+        producer_barrier();
         load_raw(k, n_k);
         n_k = next_tile(++k % SB);
       }
