@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: Apache-2.0
+// Two rates of the SM that the 16-head fp8 MLA decode kernel (narrow_fp8_consumers in
+// kernels/cuda/mla_decode.cuh) is built around, measured on the device (sm_90a):
+//   - wgmma: cycles per m64nNk16 f16 product (A from registers, B from shared memory) for one SM,
+//     with W warpgroups issuing independent products at once (N = 16: the kernel's products;
+//     N = 32 for comparison). Cycles from clock64 around 2000 x 32 products per warpgroup.
+//   - e4m3 -> f16 conversion: f16x2 results per SM per clock of cvt.rn.f16x2.e4m3x2 (the kernel's
+//     conversion), of an integer-only conversion (byte permutes, masks and shifts into the f16
+//     bits of the value times 2^-8), and of the two alternating. Checked first against each other
+//     on all 256 codes (NaN codes excepted).
+// Every SM runs the same CTAs; the figures are per SM. JSON records go to argv[1] (default
+// hopper_rates.json).
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <cuda_fp16.h>
+
+#include "bench_common.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000 && \
+    defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DCPATTN_RATES_WGMMA 1
+#endif
+
+namespace {
+
+__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr) {
+  // 128-byte swizzle, leading byte offset 16, stride byte offset 1024.
+  return std::uint64_t((addr & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) |
+         (std::uint64_t(64) << 32) | (std::uint64_t(1) << 62);
+}
+
+template <int N>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4],
+                                       std::uint64_t b) {
+#if defined(DCPATTN_RATES_WGMMA)
+  if constexpr (N == 16) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+        "{%8,%9,%10,%11}, %12, 1, 1, 1, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,"
+        "%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+
+constexpr int kProductsPerRound = 32;  // 8 independent accumulators x 4 k-steps
+constexpr int kRounds = 2000;
+
+/// W warpgroups, each issuing kRounds rounds of 32 products; out[w] = its cycles.
+template <int N>
+__global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  for (int i = threadIdx.x; i < 16384; i += blockDim.x) smem[i] = 0;
+  __syncthreads();
+  const std::uint32_t base = std::uint32_t(__cvta_generic_to_shared(smem));
+  std::uint32_t a[8][4];  // distinct registers per product, as in the kernel
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < 4; ++e)
+      a[j][e] = reinterpret_cast<const std::uint32_t*>(smem)[(threadIdx.x + 4 * j + e) & 1023] |
+                0x3c003c00u;
+  float d[8][N / 2] = {};
+  const unsigned long long t0 = clock64();
+#if defined(DCPATTN_RATES_WGMMA)
+  for (int it = 0; it < kRounds; ++it) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mma_rs<N>(d[j], a[j], smem_desc(base + 32 * u + 2048 * (j & 3)));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+  const unsigned long long t1 = clock64();
+  float s = 0.0f;
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < N / 2; ++e) s += d[j][e];
+  if (s == 1.2345f) sink[threadIdx.x] = s;  // never: keeps the products
+  if ((threadIdx.x & 127) == 0 && blockIdx.x == 0) out[threadIdx.x / 128] = t1 - t0;
+}
+
+__device__ __forceinline__ void cvt_hw(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+  asm volatile(
+      "{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+/// The f16 bits of (e4m3 value x 2^-8): the sign to bit 15, the other 7 bits to bits 13..7.
+__device__ __forceinline__ void cvt_int(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+  const std::uint32_t m = w & 0x7F7F7F7Fu, s = w & 0x80808080u;
+  lo = (__byte_perm(m, 0, 0x4140) << 7) | __byte_perm(s, 0, 0x1404);
+  hi = (__byte_perm(m, 0, 0x4342) << 7) | __byte_perm(s, 0, 0x3424);
+}
+
+/// Counts the codes (of all 256, NaN excepted) where cvt_int differs from cvt_hw x 2^-8.
+__global__ void convert_check_kernel(int* bad) {
+  const std::uint32_t c = threadIdx.x;
+  const std::uint32_t w =
+      c | (((c + 1) & 255) << 8) | (((c + 2) & 255) << 16) | (((c + 3) & 255) << 24);
+  std::uint32_t l0, h0, l1, h1;
+  cvt_hw(w, l0, h0);
+  cvt_int(w, l1, h1);
+  const std::uint32_t r0[4] = {l0 & 0xFFFFu, l0 >> 16, h0 & 0xFFFFu, h0 >> 16};
+  const std::uint32_t r1[4] = {l1 & 0xFFFFu, l1 >> 16, h1 & 0xFFFFu, h1 >> 16};
+  for (int i = 0; i < 4; ++i) {
+    if (((c + i) & 0x7F) == 0x7F) continue;  // NaN
+    __half_raw a, b;
+    a.x = static_cast<unsigned short>(r0[i]);
+    b.x = static_cast<unsigned short>(r1[i]);
+    const float fa = __half2float(__half(a)) * 0.00390625f, fb = __half2float(__half(b));
+    if (__float_as_uint(fa) != __float_as_uint(fb)) atomicAdd(bad, 1);
+  }
+}
+
+constexpr int kConvertIters = 4096;
+
+/// mode 0: cvt; 1: integer ops; 2: the two alternating. 8 independent chains a thread.
+template <int kMode>
+__global__ void convert_rate_kernel(const std::uint32_t* in, std::uint32_t* out) {
+  std::uint32_t x[8];
+  for (int i = 0; i < 8; ++i) x[i] = in[(threadIdx.x + 37 * i) & 1023];
+  std::uint32_t acc = 0;
+  for (int it = 0; it < kConvertIters; ++it) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      std::uint32_t lo, hi;
+      if (kMode == 0 || (kMode == 2 && (i & 1) == 0))
+        cvt_hw(x[i], lo, hi);
+      else
+        cvt_int(x[i], lo, hi);
+      acc ^= lo ^ hi;
+      x[i] += 0x01010101u;
+    }
+  }
+  if (acc == 0x12345678u) out[threadIdx.x] = acc;  // never: keeps the conversions
+}
+
+template <int N, int W>
+void wgmma_case(dcpattn::bench::JsonRecords& json, int clock_khz) {
+  unsigned long long* out = nullptr;
+  float* sink = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&out, 8 * sizeof(unsigned long long)));
+  DCPATTN_CUDA_CHECK(cudaMalloc(&sink, 1024 * sizeof(float)));
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(wgmma_rate_kernel<N>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, 16384));
+  int sms = 0;
+  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  double worst = 0.0;
+  for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
+    wgmma_rate_kernel<N><<<sms, 128 * W, 16384>>>(out, sink);
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+    DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    unsigned long long h[8] = {};
+    DCPATTN_CUDA_CHECK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+    worst = 0.0;
+    for (int w = 0; w < W; ++w) worst = std::max(worst, double(h[w]));
+  }
+  const double per_wg = worst / (double(kRounds) * kProductsPerRound);
+  std::printf(
+      "wgmma m64n%dk16 f16 (A registers), %d warpgroup(s) per SM: %6.1f cycles a product "
+      "per warpgroup, %5.1f cycles a product per SM\n",
+      N, W, per_wg, per_wg / W);
+  json.begin()
+      .field("kind", "wgmma")
+      .field("n", N)
+      .field("warpgroups", W)
+      .field("cycles_per_product_per_warpgroup", per_wg)
+      .field("cycles_per_product_per_sm", per_wg / W)
+      .field("clock_khz", clock_khz);
+  cudaFree(out);
+  cudaFree(sink);
+}
+
+template <int kMode>
+void convert_case(dcpattn::bench::JsonRecords& json, const std::uint32_t* in, std::uint32_t* out,
+                  int sms, int clock_khz) {
+  const int blocks = 4 * sms, threads = 512;
+  cudaEvent_t e0, e1;
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&e0));
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&e1));
+  float ms = 0.0f;
+  for (int rep = 0; rep < 3; ++rep) {  // the last of three
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e0));
+    convert_rate_kernel<kMode><<<blocks, threads>>>(in, out);
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e1));
+    DCPATTN_CUDA_CHECK(cudaEventSynchronize(e1));
+    DCPATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  }
+  const double results = double(blocks) * threads * kConvertIters * 8 * 2;  // f16x2 results
+  const double per_sm_clock = results / (ms * 1e-3) / sms / (double(clock_khz) * 1e3);
+  const char* name = kMode == 0 ? "cvt" : kMode == 1 ? "integer ops" : "cvt and integer ops";
+  std::printf(
+      "e4m3 -> f16x2 by %-19s: %6.2f results per SM per clock (at the %d MHz nominal "
+      "clock)\n",
+      name, per_sm_clock, clock_khz / 1000);
+  json.begin()
+      .field("kind", "e4m3_to_f16")
+      .field("method", name)
+      .field("results_per_sm_per_clock", per_sm_clock)
+      .field("ms", ms)
+      .field("clock_khz", clock_khz);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    int device = 0, major = 0, minor = 0, sms = 0, clock_khz = 0;
+    DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
+    DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+    if (major != 9) {
+      std::printf("bench_hopper_rates: compute capability %d.%d; these rates are sm_90a's\n", major,
+                  minor);
+      return 0;
+    }
+    dcpattn::bench::JsonRecords json;
+    wgmma_case<16, 1>(json, clock_khz);
+    wgmma_case<16, 2>(json, clock_khz);
+    wgmma_case<16, 4>(json, clock_khz);
+    wgmma_case<32, 1>(json, clock_khz);
+    wgmma_case<32, 2>(json, clock_khz);
+
+    int* bad = nullptr;
+    std::uint32_t *in = nullptr, *out = nullptr;
+    DCPATTN_CUDA_CHECK(cudaMalloc(&bad, sizeof(int)));
+    DCPATTN_CUDA_CHECK(cudaMemset(bad, 0, sizeof(int)));
+    convert_check_kernel<<<1, 256>>>(bad);
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+    int h_bad = 0;
+    DCPATTN_CUDA_CHECK(cudaMemcpy(&h_bad, bad, sizeof h_bad, cudaMemcpyDeviceToHost));
+    if (h_bad != 0)
+      throw dcpattn::Error("the integer e4m3 conversion differs on " + std::to_string(h_bad) +
+                           " codes");
+    std::uint32_t h_in[1024];
+    for (int i = 0; i < 1024; ++i) h_in[i] = 0x9e3779b9u * std::uint32_t(i + 1);
+    DCPATTN_CUDA_CHECK(cudaMalloc(&in, sizeof h_in));
+    DCPATTN_CUDA_CHECK(cudaMalloc(&out, sizeof h_in));
+    DCPATTN_CUDA_CHECK(cudaMemcpy(in, h_in, sizeof h_in, cudaMemcpyHostToDevice));
+    convert_case<0>(json, in, out, sms, clock_khz);
+    convert_case<1>(json, in, out, sms, clock_khz);
+    convert_case<2>(json, in, out, sms, clock_khz);
+    cudaFree(bad);
+    cudaFree(in);
+    cudaFree(out);
+    json.write(dcpattn::bench::json_path(argc, argv, "hopper_rates.json"));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_hopper_rates: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
