@@ -1923,10 +1923,12 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 ///     their parity (tile i: warpgroup i mod 2, P_g^T buffer i mod 2), warpgroup 2 computes O^T
 ///     for every tile in order. The scores of two tiles are thus in progress at once, and the
 ///     one step that must follow the tile order, the running maxima and scale exponents, is
-///     passed from tile i - 1 to tile i through shared memory (chain_full[i mod 2]): m_i =
-///     max(m_{i-1}, the tile's column maxima), sigma_i likewise. Each score warpgroup keeps its
-///     own per-thread row sums, rescaled to the maxima it last used; at the end both are
-///     rescaled to the final maxima, reduced, and added in warpgroup order. Which warpgroup
+///     passed from tile i - 1 to tile i through shared memory (chain_full[i mod 2]): m_i = the
+///     tile's column maximum where it exceeds m_{i-1} by more than kMaxLag, else m_{i-1}
+///     (lazy rescaling; sigma_i likewise with kExpLag), so that O^T is rescaled only in the tiles
+///     that move one of them (rescale_s). Each score warpgroup keeps its own per-thread row
+///     sums, rescaled to the maxima it last used; at the end both are rescaled to the final
+///     maxima, reduced, and added in warpgroup order. Which warpgroup
 ///     computes a tile depends on the tile's index within the split only, so the state is a
 ///     fixed function of the split's tokens, as DCP invariance requires.
 ///   - Score warpgroup thread (warp w, lane 4 g + c) converts tokens 16 w + g and 16 w + g + 8:
