@@ -96,11 +96,16 @@ __global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
 }
 
 __device__ __forceinline__ void cvt_hw(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  (void)w, lo = hi = 0u;
+  __trap();  // no e4m3 conversion below sm_89; main() runs nothing off compute capability 9
+#else
   asm volatile(
       "{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
       "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
       : "=r"(lo), "=r"(hi)
       : "r"(w));
+#endif
 }
 /// The f16 bits of (e4m3 value x 2^-8): the sign to bit 15, the other 7 bits to bits 13..7.
 __device__ __forceinline__ void cvt_int(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
