@@ -72,9 +72,10 @@ DCPATTN_HOST_DEVICE float mul_rn(float a, float b) noexcept {
 }
 
 // The merges' arithmetic on the device (every device merge, deterministic tree and fast N-way
-// alike, and nothing else). On the device exp(x) is one ex2.approx of x log2(e) and 1 / s one
-// rcp.approx: relative errors of about 2^-22 (plus |x| 2^-24 from the product), far below the bf16
-// output's 2^-8, and about 15 dependent instructions shorter than expf and an IEEE division,
+// alike; fast_exp also gives the 16-head fp8 MLA decode kernel's softmax weights, whose f16
+// rounding, 2^-11, dwarfs its error). On the device exp(x) is one ex2.approx of x log2(e) and 1 / s
+// one rcp.approx: relative errors of about 2^-22 (plus |x| 2^-24 from the product), far below the
+// bf16 output's 2^-8, and about 15 dependent instructions shorter than expf and an IEEE division,
 // which is what a batch-1 merge waits on.
 // Subnormal results flush to 0 (weights under 1e-38). exp(0) = 1, exp(-inf) = +0 and 1 / 1 = 1
 // stay exact. On the host the libm exp and an IEEE division.

@@ -54,8 +54,9 @@
 // fp8 cache (H <= 16) does not round the keys: the products read the exact e4m3 codes and the
 // group scales are applied in fp32 (scores) and folded into the weights, rounded to f16 (relative
 // 2^-11 per weight), the row sums of a split's even and odd tiles are kept apart and added at the
-// end, and its exponentials are 2^(x log2 e) on the special-function unit (exp_sfu: relative
-// error about 2^-21, far below that rounding of the weights; narrow_fp8_consumers).
+// end, and its exponentials are 2^(x log2 e) on the special-function unit (detail::fast_exp, the
+// merges' exp: relative error about 2^-22, far below that rounding of the weights;
+// narrow_fp8_consumers).
 //
 // Data-dependent checks cannot be made on the host without a synchronization, so the kernels make
 // them instead and never read outside the views: a row whose row_request is not a request of
@@ -1947,20 +1948,6 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 inline constexpr float kMaxLag = 8.0f;
 inline constexpr int kExpLag = 2;
 
-/// e^x for the narrow fp8 kernel's softmax: 2^(x log2 e) by the special-function unit
-/// (ex2.approx.ftz), about 3 instructions against expf's 9. Relative error about 2^-21 for the
-/// |x| of a softmax, against the f16 rounding of the weights (2^-11) it feeds; results below
-/// 2^-126 flush to zero, far below the smallest f16 weight. -inf gives 0, NaN NaN.
-DCPATTN_DEVICE float exp_sfu(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504088896341f));
-  return y;
-#else
-  return expf(x);  // the host pass only: never called on the host
-#endif
-}
-
 template <bool kSparse, class Args>
 DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std::int64_t t,
                                          int j) {
@@ -2223,11 +2210,11 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
         const int h = head_of(q);
         const int e = elem_of(q);
         const float mu = mn[q] == kNegInf ? 0.0f : mn[q];
-        p0[q] = exp_sfu(s[e] - mu);
-        p1[q] = exp_sfu(s[e + 2] - mu);
-        l[q] = l[q] * exp_sfu(mo[q] - mu) + (p0[q] + p1[q]);
+        p0[q] = ::dcpattn::detail::fast_exp(s[e] - mu);
+        p1[q] = ::dcpattn::detail::fast_exp(s[e + 2] - mu);
+        l[q] = l[q] * ::dcpattn::detail::fast_exp(mo[q] - mu) + (p0[q] + p1[q]);
         mo[q] = mn[q];
-        if (wq == 0 && lane < 4) alpha[h] = exp_sfu(mp[q] - mu);
+        if (wq == 0 && lane < 4) alpha[h] = ::dcpattn::detail::fast_exp(mp[q] - mu);
       }
       if (wq == 0 && lane == 0) rescale_s[i & 1] = moved ? 1 : 0;
       // P_g^T: row h holds token r in chunk (r / 8) ^ (h mod 8) of its 128 bytes, element r mod
@@ -2269,7 +2256,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
       for (int q = 0; q < 4; ++q) mf[q] = kNegInf;
     }
 #pragma unroll
-    for (int q = 0; q < 4; ++q) l[q] *= exp_sfu(mo[q] - (mf[q] == kNegInf ? 0.0f : mf[q]));
+    for (int q = 0; q < 4; ++q)
+      l[q] *= ::dcpattn::detail::fast_exp(mo[q] - (mf[q] == kNegInf ? 0.0f : mf[q]));
     named_barrier(bar_id, 128);  // every warp is done reading the column maxima (xcol reused)
     narrow_row_sums(l, xcol, lsum_all + role * kNarrowHeads, wq, lane, bar_id);
     mbar_arrive(end_full);
