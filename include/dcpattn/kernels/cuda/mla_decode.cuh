@@ -3089,12 +3089,12 @@ void raise_smem_limit(Kernel kernel, std::size_t smem,
   }
 }
 
-/// Launches a split kernel on `stream`: on a compute capability 9.x device as a programmatic
-/// dependent of the kernel before it on the stream, if any (the split kernels begin with
-/// pdl_wait), so that its launch overlaps that kernel's tail.
+/// Launches one of this file's kernels on `stream`; with `dependent`, on a compute capability 9.x
+/// device, as a programmatic dependent of the kernel before it on the stream (every kernel here
+/// begins with pdl_wait), so that its launch overlaps that kernel's tail.
 template <class... Params, class... Args>
 void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                      cudaStream_t stream, const Args&... args) {
+                      cudaStream_t stream, bool dependent, const Args&... args) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
@@ -3104,7 +3104,7 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::siz
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = &attr;
-  config.numAttrs = device_cc_major() == 9 ? 1 : 0;
+  config.numAttrs = dependent && device_cc_major() == 9 ? 1 : 0;
   DCPATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
@@ -3116,7 +3116,7 @@ void launch_split_ht(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t s
   raise_smem_limit(kernel, smem, configured);
   const int head_blocks = (args.heads + 16 * HT - 1) / (16 * HT);
   const dim3 grid(unsigned(args.tokens), unsigned(args.num_splits * head_blocks));
-  launch_dependent(kernel, grid, dim3(kThreads), smem, stream, args);
+  launch_dependent(kernel, grid, dim3(kThreads), smem, stream, /*dependent=*/true, args);
 }
 
 /// Head block of a launch: 16 heads when H <= 16, else 64.
@@ -3135,8 +3135,8 @@ void launch_wg_rows(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t st
   raise_smem_limit(kernel, smem, configured);
   const std::int64_t head_blocks = (args.heads + kRows - 1) / kRows;
   const std::int64_t blocks = args.tokens * args.num_splits * head_blocks;
-  launch_dependent(kernel, dim3(unsigned(blocks)), dim3(unsigned(L::threads)), smem, stream, args,
-                   tensor_map);
+  launch_dependent(kernel, dim3(unsigned(blocks)), dim3(unsigned(L::threads)), smem, stream,
+                   /*dependent=*/true, args, tensor_map);
 }
 
 /// The warpgroup kernel: one CTA per (row, split, block of heads); the narrow (transposed) one
@@ -3324,39 +3324,29 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
                          TensorView<float, 2> lse, cudaStream_t stream, bool after_split = false) {
   const std::int64_t rows = tokens * std::int64_t(heads);
   if (rows == 0) return;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(rows));
-  config.blockDim = dim3(unsigned(kMlaVDim));
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = after_split && use_wgmma_kernel() ? 1 : 0;
+  const dim3 grid = dim3(unsigned(rows));
   if (count == 2 || count == 4 || count == 8) {
     const bool vec_out = o.stride(2) == 1 && o.stride(1) % 4 == 0 && o.stride(0) % 4 == 0 &&
                          reinterpret_cast<std::uintptr_t>(o.data_handle()) % 16 == 0;
-    config.blockDim = dim3(unsigned(kMergeRowThreads));
     switch (count) {
-#define DCPATTN_MLA_MERGE_ROW_CASE(S)                                                             \
-  case S:                                                                                         \
-    DCPATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_row_kernel<S>, states_o, states_lse, \
-                                          tokens, heads, num_valid_rows, o, lse, vec_out));       \
+#define DCPATTN_MLA_MERGE_ROW_CASE(S)                                                          \
+  case S:                                                                                      \
+    launch_dependent(&mla_merge_row_kernel<S>, grid, dim3(kMergeRowThreads), 0, stream,        \
+                     after_split, states_o, states_lse, tokens, heads, num_valid_rows, o, lse, \
+                     vec_out);                                                                 \
     break;
       DCPATTN_MLA_MERGE_ROW_CASE(2)
       DCPATTN_MLA_MERGE_ROW_CASE(4)
       DCPATTN_MLA_MERGE_ROW_CASE(8)
 #undef DCPATTN_MLA_MERGE_ROW_CASE
     }
-    DCPATTN_CUDA_CHECK(cudaGetLastError());
     return;
   }
   switch (count) {
-#define DCPATTN_MLA_MERGE_CASE(S)                                                             \
-  case S:                                                                                     \
-    DCPATTN_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_merge_kernel<S>, states_o, states_lse, \
-                                          tokens, heads, num_valid_rows, o, lse));            \
+#define DCPATTN_MLA_MERGE_CASE(S)                                                                  \
+  case S:                                                                                          \
+    launch_dependent(&mla_merge_kernel<S>, grid, dim3(kMlaVDim), 0, stream, after_split, states_o, \
+                     states_lse, tokens, heads, num_valid_rows, o, lse);                           \
     break;
     DCPATTN_MLA_MERGE_CASE(1)
     DCPATTN_MLA_MERGE_CASE(16)
@@ -3367,7 +3357,6 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
       throw Error("dcpattn: launch_merge: count (" + std::to_string(count) +
                   ") must be a power of two in [1, 64]");
   }
-  DCPATTN_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace detail::mla
