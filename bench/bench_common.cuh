@@ -208,6 +208,48 @@ double median_us_flushed(Fn&& fn, cudaStream_t stream, void* flush, std::size_t 
   return us[us.size() / 2];
 }
 
+/// Median time in microseconds of one call of `fn()` enqueued right behind a flush, with no event
+/// between the two: each repetition times [flush] and [flush, fn] (events around each) and takes
+/// the difference. median_us_flushed's start event sits between the flush and fn, and an event
+/// there delays the next kernel's first block (bench_launch_gap: 3.1 us on the H200, against
+/// 0.8 us for a kernel enqueued right behind another); here fn starts as it would behind any
+/// kernel. Each timed flush follows an untimed one, so that neither pays for writing back fn's
+/// dirty lines. For fn of several hundred us the sustained load of a flush and fn back to back
+/// lowers the SM clock, and this figure exceeds median_us_flushed's.
+template <class Fn>
+double median_us_behind_flush(Fn&& fn, cudaStream_t stream, void* flush, std::size_t flush_bytes,
+                              int warmup = 5, int reps = 30, Flush mode = Flush::read) {
+  for (int i = 0; i < warmup; ++i) fn();
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<cudaEvent_t> ev(static_cast<std::size_t>(4 * reps));
+  for (auto& e : ev) DCPATTN_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    cudaEvent_t* e = &ev[std::size_t(4 * i)];
+    flush_l2(flush, flush_bytes, mode, i & 0xff, stream);  // untimed
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e[0], stream));
+    flush_l2(flush, flush_bytes, mode, i & 0xff, stream);
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e[1], stream));
+    flush_l2(flush, flush_bytes, mode, i & 0xff, stream);  // untimed
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e[2], stream));
+    flush_l2(flush, flush_bytes, mode, i & 0xff, stream);
+    fn();
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e[3], stream));
+  }
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  DCPATTN_CUDA_CHECK(cudaGetLastError());
+  std::vector<double> us(static_cast<std::size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    const cudaEvent_t* e = &ev[std::size_t(4 * i)];
+    float flush_ms = 0, both_ms = 0;
+    DCPATTN_CUDA_CHECK(cudaEventElapsedTime(&flush_ms, e[0], e[1]));
+    DCPATTN_CUDA_CHECK(cudaEventElapsedTime(&both_ms, e[2], e[3]));
+    us[static_cast<std::size_t>(i)] = 1000.0 * (double(both_ms) - double(flush_ms));
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
 /// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured on a buffer
 /// several times the L2 size: the practical memory ceiling of this GPU.
 inline double measure_copy_bandwidth_gbs(cudaStream_t stream, std::size_t bytes = std::size_t(2)

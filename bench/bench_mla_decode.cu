@@ -18,6 +18,14 @@
 // Time: one call behind a 256 MiB L2 flush, CUDA events, median of 30 (bench_common.cuh). The
 // flush reads the buffer, leaving clean lines in L2 (DCPATTN_BENCH_FLUSH=write: writes it, as
 // triton.testing.do_bench; on the H200 the two differ by under 3 us on batch-1 calls).
+// `behind flush`: the same call enqueued right behind the flush, without the start event between
+// them, as the difference of [flush, call] and [flush] (median_us_behind_flush). The start event
+// delays the first block of the kernel after it (bench_launch_gap: 3.1 us, against 0.8 us for a
+// kernel right behind another), which the first figure includes; on the H200 the two figures
+// differ by 3.5-5 us on the 35-60 us calls, and the second agrees with `graph` there. On calls of
+// several hundred us the second runs slower instead: the SM clock drops under the sustained load
+// of a flush and a long call back to back (docs/performance.md, run 20). TFLOP/s and % of copy are
+// given for both.
 // `host us`: the CPU time of one call's enqueue (checks, tensor-map encoding, launches).
 // JSON records go to argv[1] (default mla_decode.json).
 #include <algorithm>
@@ -194,6 +202,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   // no flush: a small case's inputs then sit in L2): what a graph-captured decode step sees.
   const double graph_us =
       us < 1000.0 ? dcpattn::bench::median_us_graph(call, stream, 10, 3, 10) : -1.0;
+  const double behind_us = dcpattn::bench::median_us_behind_flush(
+      call, stream, flush, flush_bytes, 5, 30,
+      write_flush ? dcpattn::bench::Flush::write : dcpattn::bench::Flush::read);
 
   // The host's share of a call: what the CPU spends enqueueing it (the argument checks, the
   // tensor maps' encoding, the launches), the median over 20 calls enqueued back to back.
@@ -214,11 +225,13 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
                        double(B) * (c.sparse ? K * 4.0 : pages_per_req * 4.0);
   const double tflops = flops / (us * 1e6);
   const double gbs = bytes / (us * 1e3);
+  const double gbs_behind = bytes / (behind_us * 1e3);
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
-      "copy)  graph %.1f us  host %.1f us\n",
+      "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
-      p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, graph_us, host_us);
+      p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
+      flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us);
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -237,7 +250,10 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("tflops", tflops)
       .field("gbs", gbs)
       .field("copy_gbs", copy_gbs)
-      .field("pct_copy", 100.0 * gbs / copy_gbs);
+      .field("pct_copy", 100.0 * gbs / copy_gbs)
+      .field("behind_flush_us", behind_us)
+      .field("tflops_behind_flush", flops / (behind_us * 1e6))
+      .field("pct_copy_behind_flush", 100.0 * gbs_behind / copy_gbs);
   return true;
 }
 
