@@ -862,6 +862,44 @@ TEST_CASE("CUDA dense fp8 MLA decode with scales and query magnitudes over many 
   require_stats("dense fp8, spread scales vs double", vs_ref, kTolO, kTolLseFp8);
 }
 
+// Many splits over a grid that fills the GPU: the 16-head fp8 kernel then copies each split's
+// block-table entries four tiles ahead into shared memory (SplitArgs::table_ring: tiles of one
+// page, entries 8 pages apart or more, at least one CTA per multiprocessor). 5 requests give 11
+// rows (three per even request), 176 CTAs at S = 16; partial tiles and splits of one tile
+// included.
+TEST_CASE("CUDA dense fp8 MLA decode, 16 heads, many splits over a full grid",
+          "[cuda][mla][dense][fp8]") {
+  std::mt19937_64 rng(20261201);
+  const std::vector<std::int64_t> lengths{5000, 4200, 4097, 1100, 6000};
+  const DenseCase dc = make_dense_case(lengths, 1, rng);
+  const std::int64_t T = std::int64_t(dc.rows.request.size());
+  const DeviceRows drows(dc.rows);
+  std::vector<std::int64_t> local_length = dc.rows.bound;
+  const DeviceBuffer<std::int64_t> dlen(local_length);
+  const RankCache c1 =
+      build_rank_cache(dc.batch, RoundRobinOwnership(1, 1), 0, 64, CacheFormat::fp8_ds_mla, rng);
+  const DeviceCache d1(c1);
+  Stats vs_host, vs_ref;
+  for (std::int64_t H : {16, 5}) {
+    const Queries q = make_queries(T, H, dc.rows.num_valid, QLayout::row_major, rng());
+    std::vector<RefState> ref;
+    for (std::int64_t t = 0; t < dc.rows.num_valid; ++t) {
+      std::vector<std::int64_t> pos(static_cast<std::size_t>(dc.rows.bound[std::size_t(t)]));
+      std::iota(pos.begin(), pos.end(), 0);
+      ref.push_back(reference_row(c1, q, t, dc.rows.request[std::size_t(t)], pos));
+    }
+    for (int num_splits : {16, 8, 64}) {
+      CAPTURE(H, num_splits);
+      const MlaDecodeParams p = params(64, 64, num_splits, dc.rows.num_valid);
+      const Out g = gpu_dense(q, d1, drows, dlen, p);
+      const Out h = host_dense(q, c1, dc.rows, local_length, p);
+      check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
+    }
+  }
+  require_stats("dense fp8, many splits vs host", vs_host, kTolO, kTolLseFp8);
+  require_stats("dense fp8, many splits vs double", vs_ref, kTolO, kTolLseFp8);
+}
+
 TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision attention",
           "[cuda][mla][sparse]") {
   const bool mma_sync = GENERATE(false, true);

@@ -2407,7 +2407,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///   fp8 (narrow): four warpgroups, the producer the last. Four raw stages handed over by full /
 ///         empty mbarriers, the full arrival made by the copies themselves
 ///         (cp.async.mbarrier.arrive); see narrow_fp8_consumers.
-template <int kRows, bool kSparse, bool kTma, class QSrc, class CacheView, class Own>
+template <int kRows, bool kSparse, bool kTma, bool kTableRing, class QSrc, class CacheView,
+          class Own>
 __global__ void __launch_bounds__(
     Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>::threads, 1)
     mla_wg_kernel(const __grid_constant__ SplitArgs<QSrc, CacheView, Own> a,
@@ -2415,6 +2416,8 @@ __global__ void __launch_bounds__(
   constexpr bool kFp8 = mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla;
   static_assert(!kTma || (!kSparse && !kFp8 && is_plain_strided_v<CacheView>),
                 "dcpattn: tensor copies are for the dense bf16 kernels");
+  static_assert(!kTableRing || (!kSparse && kFp8 && kRows == kNarrowHeads),
+                "dcpattn: the block-table ring is for the dense 16-head fp8 kernel");
   constexpr bool kRawPath = kFp8 && is_plain_strided_v<CacheView>;
   using L = Smem<kFp8, kRows>;
   static_assert(L::raw_stages + 2 <= L::slot_bufs,
@@ -2564,15 +2567,46 @@ __global__ void __launch_bounds__(
           ahead_page = a.block_table(std::int64_t(req), page_index);
       }
     };
+    // Dense fp8 (narrow), tiles of one page each (raw_bulk): the block-table entries of tile m's
+    // tokens are copied into the (dense: unused) ring by cp.async four tiles ahead (table_copy
+    // after tile m - 4's slots; tiles 1 .. 4 at the start), one commit group per tile, and
+    // next_tile waits for tile m's group only. A read_ahead one tile ahead held the copies back
+    // by its latency where each tile's entry is in a line of its own (many splits: S = 16 at
+    // 8 x 32K). Nothing waits on these copies but next_tile.
+    [[maybe_unused]] bool table_ring = false;
+    [[maybe_unused]] auto table_copy = [&](std::int64_t m) {
+      const std::int64_t k = m * kTileTokens + ptid;
+      if (ptid < kTileTokens && k < n) {
+        const std::uint32_t pos = mla_split_position(std::uint32_t(k), j, S, a.interleave);
+        const std::int64_t page_index = pos / std::uint32_t(a.page_size);
+        int* dst = ring_s + (m & 3) * kTileTokens + ptid;
+        if (page_index < a.block_table.extent(1)) {
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)),
+                       "l"(__cvta_generic_to_global(&a.block_table(std::int64_t(req), page_index)))
+                       : "memory");
+        } else {
+          *dst = -1;
+        }
+      }
+      cp_async_commit();
+    };
     auto next_tile = [&](int sb) -> int {
       int* slots = slot_s + sb * kTileTokens;
       int n_tile = 0;
       if constexpr (!kSparse) {
         n_tile = int(n - k0 < kTileTokens ? (n - k0 > 0 ? n - k0 : 0) : kTileTokens);
+        const bool from_ring = kTableRing && table_ring && k0 > 0 && n_tile > 0;
+        if (from_ring) cp_async_wait<3>();  // tile k0 / 64's entries (three tiles' after it)
         if (n_tile > 0 && ptid < kTileTokens) {
           std::int64_t slot = -1;
           if (ptid < n_tile) {
-            if (ahead_k0 == k0) {
+            if (from_ring) {
+              const std::int64_t page = ring_s[((k0 / kTileTokens) & 3) * kTileTokens + ptid];
+              const std::uint32_t pos =
+                  mla_split_position(std::uint32_t(k0 + ptid), j, S, a.interleave);
+              slot = page * a.page_size + std::int64_t(pos % std::uint32_t(a.page_size));
+              if (page < 0 || slot >= a.cache.extent(0)) slot = -1;
+            } else if (ahead_k0 == k0) {
               slot = ahead_page * a.page_size + ahead_off;
               if (ahead_page < 0 || slot >= a.cache.extent(0)) slot = -1;
             } else {
@@ -2581,6 +2615,8 @@ __global__ void __launch_bounds__(
           }
           slots[ptid] = int(slot);
         }
+        if constexpr (kTableRing)
+          if (from_ring) table_copy(k0 / kTileTokens + 4);
         k0 += kTileTokens;
       } else {
         // Gather the split's entries in list order until a tile is full or the list is done.
@@ -2690,6 +2726,11 @@ __global__ void __launch_bounds__(
       };
       int n_k = n_cur;  // token count of tile k
       int k = 0;
+      if constexpr (kTableRing) {
+        table_ring = a.raw_bulk && a.cache_vector && pos32 && n > kTileTokens;
+        if (table_ring)
+          for (int m = 1; m <= 4; ++m) table_copy(m);
+      }
       for (; k < R && n_k > 0; ++k) {
         load_raw(k, n_k);
         if (k + 1 < R) n_k = next_tile((k + 1) % SB);
@@ -2697,7 +2738,8 @@ __global__ void __launch_bounds__(
       if (k == R) n_k = next_tile(k % SB);  // tiles 0 .. R - 1 all had tokens
       while (n_k > 0) {
         // Tile k's slots are in; the block-table reads of tile k + 1 go out before the wait.
-        if constexpr (!kSparse) read_ahead();
+        if constexpr (!kSparse)
+          if (!kTableRing || !table_ring) read_ahead();
         // Tile k - R was read: one warp polls for it, the others wait at the producer barrier,
         // which issues nothing while it waits (the polls of four warps took issue slots from the
         // consumer warps beside them).
@@ -2711,6 +2753,7 @@ __global__ void __launch_bounds__(
         if (ptid == 0) count_s[k % SB] = 0;
         mbar_arrive(&full[k % R]);  // an end marker: the consumers read the count 0 and stop
       }
+      if constexpr (kTableRing) cp_async_wait_all();  // table_copy's: none in flight at the exit
     } else if constexpr (!kFp8) {
       // Tile k is handed over by its own copies: each producer thread's arrival on full[k mod 2]
       // is made when its copies of tile k have landed (cp.async.mbarrier.arrive; the consumers
@@ -3065,6 +3108,14 @@ inline std::size_t split_state_bytes(std::int64_t tokens, std::int64_t heads, in
          std::size_t(kMlaVDim + 1) * sizeof(float);
 }
 
+/// The current device's number of multiprocessors.
+inline int device_sm_count() {
+  int device = 0, count = 0;
+  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
+  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 /// The current device's compute capability major number.
 inline int device_cc_major() {
   int device = 0, major = 0;
@@ -3125,10 +3176,11 @@ inline int head_tiles_for(int heads) {
 }
 
 /// One block of kRows heads per CTA, 1-D grid.
-template <int kRows, bool kSparse, bool kTma = false, class QSrc, class CacheView, class Own>
+template <int kRows, bool kSparse, bool kTma = false, bool kTableRing = false, class QSrc,
+          class CacheView, class Own>
 void launch_wg_rows(const SplitArgs<QSrc, CacheView, Own>& args, cudaStream_t stream,
                     const CacheTensorMap<kTma>& tensor_map = {}) {
-  auto kernel = &wg::mla_wg_kernel<kRows, kSparse, kTma, QSrc, CacheView, Own>;
+  auto kernel = &wg::mla_wg_kernel<kRows, kSparse, kTma, kTableRing, QSrc, CacheView, Own>;
   using L = wg::Smem<mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla, kRows>;
   constexpr std::size_t smem = L::bytes;
   static std::atomic<unsigned long long> configured{0};
@@ -3430,8 +3482,21 @@ void dense_splits(const QView& q, const CacheView& cache,
   const bool page_runs = a.cache_vector && a.wgmma && p.page_size % kTileTokens == 0 &&
                          (p.num_splits == 1 || p.interleave % kTileTokens == 0);
   if constexpr (is_plain_strided_v<CacheView> &&
-                mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla)
+                mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla) {
     a.raw_bulk = page_runs && cache.stride(0) == wg::kRawEntry;
+    // The 16-head kernel with the block-table ring (mla_wg_kernel's table_copy), a separate
+    // instantiation, where a split's consecutive tiles have their entries 8 pages apart or more
+    // and the grid covers at least 3/4 of the multiprocessors. H200 (docs/performance.md, run
+    // 20): 8 x 32K (S = 16, 128 CTAs) 67.7 -> 61.8 us, 8 x 128K 211.8 -> 201.2. Where the
+    // entries share lines (S = 2) the ring cost 5-10%, and with 64 CTAs (1 x 128K, S = 64) 2%.
+    const std::int64_t ctas = tokens * p.num_splits;
+    if (a.raw_bulk && a.heads <= wg::kNarrowHeads &&
+        std::int64_t(p.num_splits) * p.interleave >= 8LL * p.page_size &&
+        4 * ctas >= 3 * std::int64_t(device_sm_count())) {
+      launch_wg_rows<wg::kNarrowHeads, false, false, true>(a, stream);
+      return;
+    }
+  }
   if constexpr (is_plain_strided_v<CacheView> &&
                 mla_cache_format_v<CacheView> == CacheFormat::bf16) {
     if (page_runs) {
