@@ -867,7 +867,7 @@ TEST_CASE("CUDA dense fp8 MLA decode with scales and query magnitudes over many 
 // page, entries 8 pages apart or more, at least one CTA per multiprocessor). 5 requests give 11
 // rows (three per even request), 176 CTAs at S = 16; partial tiles and splits of one tile
 // included.
-TEST_CASE("CUDA dense fp8 MLA decode, 16 heads, many splits over a full grid",
+TEST_CASE("CUDA dense fp8 MLA decode at 16 heads over many splits and a full grid",
           "[cuda][mla][dense][fp8]") {
   std::mt19937_64 rng(20261201);
   const std::vector<std::int64_t> lengths{5000, 4200, 4097, 1100, 6000};
