@@ -2406,7 +2406,9 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///         three times as wide as the producer warpgroup alone.
 ///   fp8 (narrow): four warpgroups, the producer the last. Four raw stages handed over by full /
 ///         empty mbarriers, the full arrival made by the copies themselves
-///         (cp.async.mbarrier.arrive); see narrow_fp8_consumers.
+///         (cp.async.mbarrier.arrive); see narrow_fp8_consumers. kTableRing (dense, launched where
+///         a split's consecutive tiles have their block-table entries in lines of their own and
+///         the grid covers the GPU): the entries are copied four tiles ahead (table_copy).
 template <int kRows, bool kSparse, bool kTma, bool kTableRing, class QSrc, class CacheView,
           class Own>
 __global__ void __launch_bounds__(
