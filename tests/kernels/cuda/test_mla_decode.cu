@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -724,6 +725,34 @@ void check_call(const Out& g, const Out& host, std::int64_t num_valid,
   check_padding(g, num_valid, vs_ref);
 }
 
+// The double-precision reference of every valid dense row of `dc` (positions 0 .. bound - 1).
+std::vector<RefState> dense_reference(const RankCache& c, const Queries& q, const DenseCase& dc) {
+  std::vector<RefState> ref;
+  for (std::int64_t t = 0; t < dc.rows.num_valid; ++t) {
+    std::vector<std::int64_t> pos(static_cast<std::size_t>(dc.rows.bound[std::size_t(t)]));
+    std::iota(pos.begin(), pos.end(), 0);
+    ref.push_back(reference_row(c, q, t, dc.rows.request[std::size_t(t)], pos));
+  }
+  return ref;
+}
+
+// The GPU and host dense kernels at each of `splits` (pages of 64 tokens, `interleave`), checked
+// against each other and the reference.
+void check_dense_splits(const Queries& q, const RankCache& c, const DeviceCache& dcache,
+                        const DenseCase& dc, const DeviceRows& drows,
+                        const std::vector<std::int64_t>& local_length,
+                        const DeviceBuffer<std::int64_t>& dlen, int interleave,
+                        std::initializer_list<int> splits, const std::vector<RefState>& ref,
+                        Stats& vs_host, Stats& vs_ref) {
+  for (int num_splits : splits) {
+    CAPTURE(q.H, interleave, num_splits);
+    const MlaDecodeParams p = params(64, interleave, num_splits, dc.rows.num_valid);
+    const Out g = gpu_dense(q, dcache, drows, dlen, p);
+    const Out h = host_dense(q, c, dc.rows, local_length, p);
+    check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
+  }
+}
+
 void require_stats(const char* what, const Stats& st, double tol_o, double tol_lse) {
   std::printf("  %-44s %8lld states: max rel L2(o) = %.3e, max |dlse| = %.3e\n", what,
               static_cast<long long>(st.compared), st.o, st.lse);
@@ -762,16 +791,8 @@ TEST_CASE("CUDA dense MLA decode matches the host kernel and double-precision at
       // H = 16 reads a head-major strided view, the others row-major.
       const Queries q = make_queries(T, H, dc.rows.num_valid,
                                      H == 16 ? QLayout::head_major : QLayout::row_major, rng());
-      std::vector<RefState> ref;
-      {
-        const RankCache c =
-            build_rank_cache(dc.batch, RoundRobinOwnership(1, 1), 0, 64, format, rng);
-        for (std::int64_t t = 0; t < dc.rows.num_valid; ++t) {
-          std::vector<std::int64_t> pos(static_cast<std::size_t>(dc.rows.bound[std::size_t(t)]));
-          std::iota(pos.begin(), pos.end(), 0);
-          ref.push_back(reference_row(c, q, t, dc.rows.request[std::size_t(t)], pos));
-        }
-      }
+      const std::vector<RefState> ref = dense_reference(
+          build_rank_cache(dc.batch, RoundRobinOwnership(1, 1), 0, 64, format, rng), q, dc);
       for (int page_size : {64, 16}) {
         const RankCache c1 =
             build_rank_cache(dc.batch, RoundRobinOwnership(1, 1), 0, page_size, format, rng);
@@ -844,29 +865,18 @@ TEST_CASE("CUDA dense fp8 MLA decode with scales and query magnitudes over many 
     const RankCache c1 =
         build_rank_cache(dc.batch, RoundRobinOwnership(1, 1), 0, 64, CacheFormat::fp8_ds_mla, rng);
     const DeviceCache d1(c1);
-    std::vector<RefState> ref;
-    for (std::int64_t t = 0; t < dc.rows.num_valid; ++t) {
-      std::vector<std::int64_t> pos(static_cast<std::size_t>(dc.rows.bound[std::size_t(t)]));
-      std::iota(pos.begin(), pos.end(), 0);
-      ref.push_back(reference_row(c1, q, t, dc.rows.request[std::size_t(t)], pos));
-    }
-    for (int num_splits : {1, 2, 8}) {
-      CAPTURE(H, num_splits);
-      const MlaDecodeParams p = params(64, 1, num_splits, dc.rows.num_valid);
-      const Out g = gpu_dense(q, d1, drows, dlen, p);
-      const Out h = host_dense(q, c1, dc.rows, local_length, p);
-      check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
-    }
+    check_dense_splits(q, c1, d1, dc, drows, local_length, dlen, 1, {1, 2, 8},
+                       dense_reference(c1, q, dc), vs_host, vs_ref);
   }
   require_stats("dense fp8, spread scales vs host", vs_host, kTolO, kTolLseFp8);
   require_stats("dense fp8, spread scales vs double", vs_ref, kTolO, kTolLseFp8);
 }
 
-// Many splits over a grid that fills the GPU: the 16-head fp8 kernel then copies each split's
-// block-table entries four tiles ahead into shared memory (SplitArgs::table_ring: tiles of one
-// page, entries 8 pages apart or more, at least one CTA per multiprocessor). 5 requests give 11
-// rows (three per even request), 176 CTAs at S = 16; partial tiles and splits of one tile
-// included.
+// Many splits over a grid that covers the GPU: the 16-head fp8 kernel then copies each split's
+// block-table entries four tiles ahead into shared memory (mla_wg_kernel's kTableRing
+// instantiation: tiles of one page, entries 8 pages apart or more, CTAs for at least 3/4 of the
+// multiprocessors). 5 requests give 11 rows (three per even request): 176 CTAs at S = 16, 704 at
+// S = 64 (the ring on a GPU of up to 234 multiprocessors), 88 at S = 8; partial tiles included.
 TEST_CASE("CUDA dense fp8 MLA decode at 16 heads over many splits and a full grid",
           "[cuda][mla][dense][fp8]") {
   std::mt19937_64 rng(20261201);
@@ -882,19 +892,8 @@ TEST_CASE("CUDA dense fp8 MLA decode at 16 heads over many splits and a full gri
   Stats vs_host, vs_ref;
   for (std::int64_t H : {16, 5}) {
     const Queries q = make_queries(T, H, dc.rows.num_valid, QLayout::row_major, rng());
-    std::vector<RefState> ref;
-    for (std::int64_t t = 0; t < dc.rows.num_valid; ++t) {
-      std::vector<std::int64_t> pos(static_cast<std::size_t>(dc.rows.bound[std::size_t(t)]));
-      std::iota(pos.begin(), pos.end(), 0);
-      ref.push_back(reference_row(c1, q, t, dc.rows.request[std::size_t(t)], pos));
-    }
-    for (int num_splits : {16, 8, 64}) {
-      CAPTURE(H, num_splits);
-      const MlaDecodeParams p = params(64, 64, num_splits, dc.rows.num_valid);
-      const Out g = gpu_dense(q, d1, drows, dlen, p);
-      const Out h = host_dense(q, c1, dc.rows, local_length, p);
-      check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
-    }
+    check_dense_splits(q, c1, d1, dc, drows, local_length, dlen, 64, {16, 8, 64},
+                       dense_reference(c1, q, dc), vs_host, vs_ref);
   }
   require_stats("dense fp8, many splits vs host", vs_host, kTolO, kTolLseFp8);
   require_stats("dense fp8, many splits vs double", vs_ref, kTolO, kTolLseFp8);
