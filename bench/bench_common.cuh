@@ -154,8 +154,10 @@ enum class Flush {
 };
 
 /// Reads n 16-byte words; stores to *sink only if their XOR is a value no fill produces, so the
-/// reads cannot be elided and nothing is written.
-__global__ void read_flush_kernel(const uint4* __restrict__ p, std::size_t n, unsigned* sink) {
+/// reads cannot be elided and nothing is written. With `end_ns`, each block also raises *end_ns
+/// to the %globaltimer value at its end (bench_launch_gap).
+__global__ void read_flush_kernel(const uint4* __restrict__ p, std::size_t n, unsigned* sink,
+                                  unsigned long long* end_ns = nullptr) {
   unsigned x = 0;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
@@ -163,6 +165,14 @@ __global__ void read_flush_kernel(const uint4* __restrict__ p, std::size_t n, un
     x ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (x == 0x9e3779b9u && sink != nullptr) *sink = x;
+  if (end_ns != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      atomicMax(end_ns, t);
+    }
+  }
 }
 
 /// Empties the L2 by writing or reading `bytes` bytes of `buf` (a multiple of 16) on `stream`.
