@@ -3487,12 +3487,13 @@ void dense_splits(const QView& q, const CacheView& cache,
                 mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla) {
     a.raw_bulk = page_runs && cache.stride(0) == wg::kRawEntry;
     // The 16-head kernel with the block-table ring (mla_wg_kernel's table_copy), a separate
-    // instantiation, where a split's consecutive tiles have their entries 8 pages apart or more
-    // and the grid covers at least 3/4 of the multiprocessors. H200 (docs/performance.md, run
-    // 20): 8 x 32K (S = 16, 128 CTAs) 67.7 -> 61.8 us, 8 x 128K 211.8 -> 201.2. Where the
-    // entries share lines (S = 2) the ring cost 5-10%, and with 64 CTAs (1 x 128K, S = 64) 2%.
+    // instantiation, where a split's runs of positions lie 8 pages apart or more (S > 1, S x I
+    // >= 8 pages: consecutive tiles' entries at least 32 bytes apart where I is one tile) and
+    // the grid covers at least 3/4 of the multiprocessors. H200 (docs/performance.md, run 20):
+    // 8 x 32K (S = 16, 128 CTAs) 67.7 -> 61.8 us, 8 x 128K 211.8 -> 201.2. Where the entries
+    // share lines (S = 2) the ring cost 5-10%, and with 64 CTAs (1 x 128K, S = 64) 2%.
     const std::int64_t ctas = tokens * p.num_splits;
-    if (a.raw_bulk && a.heads <= wg::kNarrowHeads &&
+    if (a.raw_bulk && a.heads <= wg::kNarrowHeads && p.num_splits > 1 &&
         std::int64_t(p.num_splits) * p.interleave >= 8LL * p.page_size &&
         4 * ctas >= 3 * std::int64_t(device_sm_count())) {
       launch_wg_rows<wg::kNarrowHeads, false, false, true>(a, stream);
