@@ -19,6 +19,8 @@
 
 #include "bench_common.cuh"
 
+#include "dcpattn/kernels/cuda/mla_decode.cuh"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000 && \
     defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DCPATTN_RATES_WGMMA 1
@@ -26,11 +28,10 @@
 
 namespace {
 
-__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr) {
-  // 128-byte swizzle, leading byte offset 16, stride byte offset 1024.
-  return std::uint64_t((addr & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) |
-         (std::uint64_t(64) << 32) | (std::uint64_t(1) << 62);
-}
+// The kernel's own helpers: the shared-memory descriptor (128-byte swizzle) and the e4m3 -> f16
+// conversion.
+using dcpattn::cuda_kernels::detail::mla::wg::e4m3x4_to_f16x2x2;
+using dcpattn::cuda_kernels::detail::mla::wg::gmma_desc;
 
 template <int N>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4],
@@ -81,7 +82,8 @@ __global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) mma_rs<N>(d[j], a[j], smem_desc(base + 32 * u + 2048 * (j & 3)));
+      for (int j = 0; j < 8; ++j)
+        mma_rs<N>(d[j], a[j], gmma_desc(base + 32 * u + 2048 * (j & 3), 16, 1024));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
   }
@@ -95,18 +97,6 @@ __global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
   if ((threadIdx.x & 127) == 0 && blockIdx.x == 0) out[threadIdx.x / 128] = t1 - t0;
 }
 
-__device__ __forceinline__ void cvt_hw(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-  (void)w, lo = hi = 0u;
-  __trap();  // no e4m3 conversion below sm_89; main() runs nothing off compute capability 9
-#else
-  asm volatile(
-      "{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
-      "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(w));
-#endif
-}
 /// The f16 bits of (e4m3 value x 2^-8): the sign to bit 15, the other 7 bits to bits 13..7.
 __device__ __forceinline__ void cvt_int(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
   const std::uint32_t m = w & 0x7F7F7F7Fu, s = w & 0x80808080u;
@@ -114,13 +104,13 @@ __device__ __forceinline__ void cvt_int(std::uint32_t w, std::uint32_t& lo, std:
   hi = (__byte_perm(m, 0, 0x4342) << 7) | __byte_perm(s, 0, 0x3424);
 }
 
-/// Counts the codes (of all 256, NaN excepted) where cvt_int differs from cvt_hw x 2^-8.
+/// Counts the codes (of all 256, NaN excepted) where cvt_int differs from e4m3x4_to_f16x2x2 x 2^-8.
 __global__ void convert_check_kernel(int* bad) {
   const std::uint32_t c = threadIdx.x;
   const std::uint32_t w =
       c | (((c + 1) & 255) << 8) | (((c + 2) & 255) << 16) | (((c + 3) & 255) << 24);
   std::uint32_t l0, h0, l1, h1;
-  cvt_hw(w, l0, h0);
+  e4m3x4_to_f16x2x2(w, l0, h0);
   cvt_int(w, l1, h1);
   const std::uint32_t r0[4] = {l0 & 0xFFFFu, l0 >> 16, h0 & 0xFFFFu, h0 >> 16};
   const std::uint32_t r1[4] = {l1 & 0xFFFFu, l1 >> 16, h1 & 0xFFFFu, h1 >> 16};
@@ -147,7 +137,7 @@ __global__ void convert_rate_kernel(const std::uint32_t* in, std::uint32_t* out)
     for (int i = 0; i < 8; ++i) {
       std::uint32_t lo, hi;
       if (kMode == 0 || (kMode == 2 && (i & 1) == 0))
-        cvt_hw(x[i], lo, hi);
+        e4m3x4_to_f16x2x2(x[i], lo, hi);
       else
         cvt_int(x[i], lo, hi);
       acc ^= lo ^ hi;
