@@ -160,6 +160,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   if (const char* il = std::getenv("DCPATTN_BENCH_INTERLEAVE"); il != nullptr && !c.sparse)
     p.interleave = std::atoi(il);
   p.num_valid_rows = B;
+  // DCPATTN_BENCH_BF16_STATES=1: the split states in bf16 (fast mode with bf16 partials).
+  p.bf16_split_states = std::getenv("DCPATTN_BENCH_BF16_STATES") != nullptr;
   p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
   if (const char* forced = std::getenv("DCPATTN_BENCH_SPLITS")) p.num_splits = std::atoi(forced);
   const std::size_t scratch_bytes =
@@ -228,10 +230,11 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const double gbs_behind = bytes / (behind_us * 1e3);
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
-      "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us\n",
+      "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us%s\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
-      flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us);
+      flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us,
+      p.num_splits > 1 && p.bf16_split_states ? "  (bf16 split states)" : "");
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -241,6 +244,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("context", double(L))
       .field("heads", H)
       .field("topk", K)
+      .field("split_states", p.num_splits > 1 && p.bf16_split_states ? "bf16" : "fp32")
       .field("num_splits", p.num_splits)
       .field("interleave", p.interleave)
       .field("flush", write_flush ? "write" : "read")

@@ -401,6 +401,20 @@ TEST_CASE("CUDA fast mode (bf16 partials, all-gather + reduce-scatter) is close 
     CHECK(r.num_splits ==
           dcpattn::cuda_kernels::mla_decode_fast_splits(s.rows(), s.num_heads, 1LL << 40, sms));
   }
+  SECTION("all-to-all with bf16 partials at 128 heads (bf16 split states on 9.x)") {
+    const Scenario wide = dcpattn::test::make_scenario(78u, {0, 1, 5, 70, 300}, {1, 1, 2, 3, 1}, 2,
+                                                       /*heads=*/128, 1, 16, /*topk=*/24);
+    const Result wide_host = run_host<CacheFormat::bf16, false>(wide);
+    DcpConfig wide_fast = make_config(wide, dcpattn::test::world_size(), DcpMode::fast);
+    wide_fast.partial_dtype = PartialDtype::bf16;
+    world.reserve(MpiStagedCommunicator::staging_bytes_for(wide_fast));
+    const Result r =
+        run_cuda<CacheFormat::bf16, false, AllGather, AllToAll>(world, wide, wide_fast);
+    CHECK(r.num_splits > 1);  // the states exist (and are bf16 on 9.x)
+    const double err = error_vs_host(r, wide_host, CacheFormat::bf16, 2.0);
+    CAPTURE(err);
+    CHECK(err <= 1.0);
+  }
   SECTION("all-gather + reduce-scatter, replicated query") {
     fast.partial_dtype = PartialDtype::fp32;
     world.reserve(MpiStagedCommunicator::staging_bytes_for(fast));

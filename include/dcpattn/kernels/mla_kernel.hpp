@@ -42,6 +42,14 @@ struct MlaDecodeParams {
   /// the caller zeroes the word before the call and reads it after
   /// (DcpAttention::check_input_errors). The host kernels throw instead and leave it alone.
   std::uint32_t* error_flags = nullptr;
+  /// Fast mode's option (DcpAttention sets it with PartialDtype::bf16): the CUDA kernels of more
+  /// than 16 heads on compute capability 9.x (the 64-head warpgroup kernels) then round each
+  /// split's 512 values to bf16 in scratch (num_splits > 1; the lse stays fp32), and the merge
+  /// reads half the bytes. The merged lse is the fp32-state call's bit for bit; o is within bf16
+  /// rounding of it, not bitwise. Elsewhere (16 heads or fewer, the mma.sync kernel, the host
+  /// kernels) it changes nothing; at 16 heads the bf16 writes were slower (docs/performance.md,
+  /// run 21). H200, dense bf16 1 x 32K, 128 heads: 39.0 -> 36.2 us.
+  bool bf16_split_states = false;
 };
 
 /// Number of tokens of split j among the first `local_length` local positions.

@@ -17,7 +17,9 @@ enum class DcpMode {
   fast,
 };
 
-/// Element type of the partial outputs exchanged between ranks.
+/// Element type of the partial outputs exchanged between ranks. With bf16 (fast mode only) the
+/// CUDA attention kernels of more than 16 heads on compute capability 9.x also keep their split
+/// states' values in bf16 before the local merge (MlaDecodeParams::bf16_split_states).
 enum class PartialDtype { fp32, bf16 };
 
 /// Everything an operator needs to know before the first forward(). Shapes use

@@ -204,6 +204,8 @@ class DcpAttention {
     p.num_splits = splits_for(c, t, w.attention_bytes);
     p.num_valid_rows = a.num_valid_rows;
     p.error_flags = reinterpret_cast<std::uint32_t*>(base + w.errors);
+    // bf16 partials (fast mode only, checked above): the kernel's split states too.
+    p.bf16_split_states = c.partial_dtype == PartialDtype::bf16;
     exec_.clear_input_errors(p.error_flags, stream);
     const cuda::std::span<std::byte> attention_scratch(base + w.attention, w.attention_bytes);
     // The attention stage sits between two collectives and can throw on data (the host kernels

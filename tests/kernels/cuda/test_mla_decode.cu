@@ -899,6 +899,79 @@ TEST_CASE("CUDA dense fp8 MLA decode at 16 heads over many splits and a full gri
   require_stats("dense fp8, many splits vs double", vs_ref, kTolO, kTolLseFp8);
 }
 
+// bf16 split states (MlaDecodeParams::bf16_split_states, fast mode). Where they apply (the 64-head
+// warpgroup kernels: wgmma and more than 16 heads) the kernel writes each split's values as bf16
+// and both merge kernels read them (2, 8 states: the row kernel; 16, 64: the many-state kernel);
+// 100 heads leave a partial head block, whose rows past the heads write nothing. The merged lse
+// comes from the same fp32 lse values, so it must equal the fp32-state call's bit for bit; o may
+// differ by the bf16 rounding of each state (relative error 2^-9 a value). Elsewhere (16 heads,
+// the mma.sync kernel) the option changes nothing: the outputs are bitwise the same.
+TEST_CASE("CUDA MLA decode with bf16 split states: the same lse, o within bf16 rounding",
+          "[cuda][mla][bf16_states]") {
+  const bool mma_sync = GENERATE(false, true);
+  const KernelChoice kernel_choice(mma_sync);
+  INFO("kernel: " << (mma_sync ? "mma.sync" : "wgmma"));
+  std::mt19937_64 rng(20261202);
+  const DenseCase dc = make_dense_case({1, 64, 700, 3000}, 1, rng);
+  const std::int64_t T = std::int64_t(dc.rows.request.size());
+  const std::int64_t K = 300;
+  const std::vector<std::int32_t> topk = make_topk(dc.rows, T, K, rng);
+  const DeviceBuffer<std::int32_t> dtopk(topk);
+  const DeviceRows drows(dc.rows);
+  const DeviceBuffer<std::int64_t> dlen(dc.rows.bound);
+  const RoundRobinOwnership own1(1, 64, kVirtualShards);
+  double worst_o = 0.0;
+  for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
+    const RankCache c1 = build_rank_cache(dc.batch, own1, 0, 64, format, rng);
+    const DeviceCache d1(c1);
+    for (std::int64_t H : {16, 100, 128}) {
+      const Queries q = make_queries(T, H, dc.rows.num_valid, QLayout::row_major, rng());
+      const bool applies = !mma_sync && H > 16;
+      for (bool sparse : {false, true}) {
+        for (int num_splits : {2, 8, 16, 64}) {
+          if (sparse && num_splits > kVirtualShards) continue;
+          CAPTURE(format_name(format), H, sparse, num_splits);
+          MlaDecodeParams p = params(64, 64, num_splits, dc.rows.num_valid);
+          const auto call = [&](const MlaDecodeParams& pp) {
+            return sparse ? gpu_sparse(q, d1, drows, dtopk, K, own1, 0, pp)
+                          : gpu_dense(q, d1, drows, dlen, pp);
+          };
+          const Out f32 = call(p);
+          p.bf16_split_states = true;
+          const Out b16 = call(p);
+          if (!applies) {
+            REQUIRE(bitwise_equal(f32, b16));
+            continue;
+          }
+          std::int64_t lse_differs = 0, not_finite = 0;
+          double worst_here = 0.0;
+          for (std::int64_t t = 0; t < T; ++t)
+            for (std::int64_t h = 0; h < H; ++h) {
+              const float l32 = f32.lse_at(t, h), l16 = b16.lse_at(t, h);
+              if (std::memcmp(&l32, &l16, sizeof l32) != 0) ++lse_differs;
+              double num = 0.0, den = 0.0;
+              for (int d = 0; d < kDv; ++d) {
+                const double x = f32.o_at(t, h)[d], y = b16.o_at(t, h)[d];
+                if (!std::isfinite(y)) ++not_finite;
+                num += (x - y) * (x - y);
+                den += x * x;
+              }
+              worst_here = std::max(worst_here, den > 0.0 ? std::sqrt(num / den) : std::sqrt(num));
+            }
+          CHECK(lse_differs == 0);
+          CHECK(not_finite == 0);
+          CHECK(worst_here <= 4e-3);
+          worst_o = std::max(worst_o, worst_here);
+        }
+      }
+    }
+  }
+  if (!mma_sync) {
+    std::printf("  bf16 split states: max rel L2(o) against fp32 states = %.3e\n", worst_o);
+    REQUIRE(worst_o > 0.0);  // the states were rounded: the option took effect
+  }
+}
+
 TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision attention",
           "[cuda][mla][sparse]") {
   const bool mma_sync = GENERATE(false, true);

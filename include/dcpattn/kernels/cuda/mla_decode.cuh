@@ -210,6 +210,10 @@ struct SplitArgs {
   /// positions in one page (dense_splits) on a cache of contiguous entries: a full tile of 64
   /// consecutive slots is one bulk copy of 64 x 656 bytes (cp.async.bulk), not 2624 cp.async.
   bool raw_bulk;
+  /// The split states' values in bf16 (state_row_bf16; the lse stays fp32): set by fill_common
+  /// where MlaDecodeParams::bf16_split_states applies, num_splits > 1 and the 64-head warpgroup
+  /// kernels run (the only writer of bf16 states); the merge kernels then read bf16.
+  bool bf16_states;
 };
 
 /// The second parameter of the warpgroup kernel. With kOn (the dense bf16 kernels, 64 heads or
@@ -502,6 +506,14 @@ DCPATTN_DEVICE StateRow state_row(const Args& a, int j, std::int64_t t, int h) {
   return StateRow{p, stride, stride == 1 && (reinterpret_cast<std::uintptr_t>(p) & 15) == 0, lse};
 }
 
+/// Split state (j, t, h) as bf16 (SplitArgs::bf16_states): its 512 values in the first half of
+/// the fp32 layout's bytes, at element ((j T + t) H + h) 512 of the bf16 array.
+template <class Args>
+DCPATTN_DEVICE std::uint16_t* state_row_bf16(const Args& a, int j, std::int64_t t, int h) {
+  const std::int64_t state = (std::int64_t(j) * a.tokens + t) * a.heads + h;
+  return reinterpret_cast<std::uint16_t*>(a.scratch_o) + state * kMlaVDim;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kernels
 
@@ -792,6 +804,14 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
   }
 }
 
+/// A split state's value: fp32, or bf16 bits (SplitArgs::bf16_states).
+DCPATTN_DEVICE float state_value(const float* p) {
+  return *p;
+}
+DCPATTN_DEVICE float state_value(const std::uint16_t* p) {
+  return __uint_as_float(std::uint32_t(*p) << 16);
+}
+
 /// Tree-merges S states (S, T, H, 512) + (S, T, H) along tree_merge's tree and writes the result
 /// to o/lse; padding rows t >= num_valid_rows get the neutral state without reading the states.
 /// One CTA of 512 threads per (t, h), one value dim per thread: a thread loads its dim of all S
@@ -802,10 +822,10 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
 /// usual case; a warp vote, the same for every warp of the row) the element merges skip the
 /// zero tests (tree_merge_column's Plain). The element arithmetic is merge_tree.cuh's, node by
 /// node in tree_merge's order, so the result is bitwise what an in-place tree merge gives. The
-/// states are only read.
-template <int S>
+/// states are only read. `T`: float, or std::uint16_t for bf16 states (SplitArgs::bf16_states).
+template <int S, class T = float>
 __global__ void __launch_bounds__(kMlaVDim)
-    mla_merge_kernel(const float* __restrict__ states_o, const float* __restrict__ states_lse,
+    mla_merge_kernel(const T* __restrict__ states_o, const float* __restrict__ states_lse,
                      std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
                      TensorView<float, 2> lse) {
   static_assert(S >= 1 && S <= kMaxSplits && (S & (S - 1)) == 0, "dcpattn: S: 1..64, power of 2");
@@ -824,7 +844,7 @@ __global__ void __launch_bounds__(kMlaVDim)
   const std::int64_t plane = tokens * heads;  // states per split
   float v[S];
 #pragma unroll
-  for (int k = 0; k < S; ++k) v[k] = states_o[(k * plane + row) * kMlaVDim + d];
+  for (int k = 0; k < S; ++k) v[k] = state_value(states_o + (k * plane + row) * kMlaVDim + d);
   if constexpr (S == 1) {
     o(t, std::int64_t(h), std::int64_t(d)) = v[0];
     if (d == 0) lse(t, std::int64_t(h)) = states_lse[row];
@@ -864,9 +884,9 @@ inline constexpr int kMergeRowThreads = kMlaVDim / 4;
 /// memory, no barrier). A batch of many rows then fits the GPU in one wave of small CTAs: at 64 x
 /// 4K, 16 heads (1024 rows of 2 states) the 512-thread kernel's CTAs ran in two.
 /// `vec_out`: o's dims contiguous and 16-byte aligned (else four scalar stores).
-template <int S>
+template <int S, class T = float>
 __global__ void __launch_bounds__(kMergeRowThreads)
-    mla_merge_row_kernel(const float* __restrict__ states_o, const float* __restrict__ states_lse,
+    mla_merge_row_kernel(const T* __restrict__ states_o, const float* __restrict__ states_lse,
                          std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
                          TensorView<float, 2> lse, bool vec_out) {
   static_assert(S >= 2 && S <= 8 && (S & (S - 1)) == 0, "dcpattn: S: 2, 4 or 8");
@@ -884,8 +904,16 @@ __global__ void __launch_bounds__(kMergeRowThreads)
 #pragma unroll
     for (int k = 0; k < S; ++k) l[k] = states_lse[k * plane + row];
 #pragma unroll
-    for (int k = 0; k < S; ++k)
-      v[k] = *reinterpret_cast<const float4*>(states_o + (k * plane + row) * kMlaVDim + d);
+    for (int k = 0; k < S; ++k) {
+      const T* src = states_o + (k * plane + row) * kMlaVDim + d;
+      if constexpr (sizeof(T) == 2) {  // four bf16 values
+        const uint2 b = *reinterpret_cast<const uint2*>(src);
+        v[k] = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xFFFF0000u),
+                           __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xFFFF0000u));
+      } else {
+        v[k] = *reinterpret_cast<const float4*>(src);
+      }
+    }
     // The tree's weights, node by node in tree_merge's order (as each warp of mla_merge_kernel).
     float2 w[S - 1];
     const bool plain = tree_weights<S>(l, w);  // the same for every thread of the row
@@ -3035,15 +3063,44 @@ __global__ void __launch_bounds__(
     for (int half = 0; half < 2; ++half) {
       const int r = half ? r1 : r0;
       const int h = h0 + r;
-      if (h >= a.heads) continue;
+      const bool live = h < a.heads;  // rows past the heads (a partial head block) write nothing
       const float l = xrow[r] + xrow[kHeads + r];
       const bool empty_state = l == 0.0f;
-      const StateRow out = state_row(a, j, t, h);
       const float inv = empty_state ? 0.0f : 1.0f / l;
+      if (a.bf16_states) {
+        // bf16 states: each quad writes 16 consecutive dims (32 bytes, a whole sector) a store,
+        // lane l of the quad dims 4 l .. 4 l + 3 of chunks c, c + 1 (8 dims each), gathered from
+        // the quad by shuffles (every lane takes part; only live rows store). Two-dim stores
+        // (half sectors) made the writes slower than fp32 (docs/performance.md, run 16).
+        std::uint16_t* out = state_row_bf16(a, j, t, live ? h : h0);
+        const int l = lane & 3, quad = lane & ~3;
 #pragma unroll
-      for (int c = 0; c < 32; ++c) {
-        out.put2(256 * g + 8 * c + 2 * (lane & 3), empty_state ? 0.0f : o[4 * c + 2 * half] * inv,
-                 empty_state ? 0.0f : o[4 * c + 2 * half + 1] * inv);
+        for (int c = 0; c < 32; c += 2) {
+          const std::uint32_t x0 = cvt_bf16x2(empty_state ? 0.0f : o[4 * c + 2 * half] * inv,
+                                              empty_state ? 0.0f : o[4 * c + 2 * half + 1] * inv);
+          const std::uint32_t x1 =
+              cvt_bf16x2(empty_state ? 0.0f : o[4 * (c + 1) + 2 * half] * inv,
+                         empty_state ? 0.0f : o[4 * (c + 1) + 2 * half + 1] * inv);
+          // Lane l needs dims 2 (2 l mod 4) .. + 3 of chunk c + l / 2: the pairs of lanes
+          // quad + (2 l mod 4) and quad + (2 l mod 4) + 1.
+          const int src = quad + ((2 * l) & 3);
+          const std::uint32_t a0 = __shfl_sync(kFullMask, x0, src);
+          const std::uint32_t a1 = __shfl_sync(kFullMask, x0, src + 1);
+          const std::uint32_t b0 = __shfl_sync(kFullMask, x1, src);
+          const std::uint32_t b1 = __shfl_sync(kFullMask, x1, src + 1);
+          if (live)
+            *reinterpret_cast<uint2*>(out + 256 * g + 8 * c + 4 * l) =
+                l < 2 ? make_uint2(a0, a1) : make_uint2(b0, b1);
+        }
+      }
+      if (!live) continue;
+      const StateRow out = state_row(a, j, t, h);
+      if (!a.bf16_states) {
+#pragma unroll
+        for (int c = 0; c < 32; ++c) {
+          out.put2(256 * g + 8 * c + 2 * (lane & 3), empty_state ? 0.0f : o[4 * c + 2 * half] * inv,
+                   empty_state ? 0.0f : o[4 * c + 2 * half + 1] * inv);
+        }
       }
       if (g == 0 && (lane & 3) == 0) {
         const float lse = empty_state ? kNegInf : (half ? m_1 : m_0) + logf(l);
@@ -3356,6 +3413,7 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
   a.cache_vector = cache_vector_path(cache);
   a.wgmma = use_wgmma_kernel();
   a.raw_bulk = false;  // dense_splits sets it where it applies
+  a.bf16_states = p.bf16_split_states && p.num_splits > 1 && a.wgmma && heads > wg::kNarrowHeads;
   a.rank = 0;
   a.error_flags = p.error_flags;
   if (p.num_splits > 1) {
@@ -3373,9 +3431,10 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
 /// mla_merge_row_kernel, more mla_merge_kernel (the same bits either way). `after_split`: the
 /// previous operation on `stream` is the split kernel that wrote the states; on a compute
 /// capability 9.x device the merge is then launched as its programmatic dependent (pdl_wait).
-inline void launch_merge(const float* states_o, const float* states_lse, int count,
-                         std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
-                         TensorView<float, 2> lse, cudaStream_t stream, bool after_split = false) {
+template <class T>
+void launch_merge_of(const T* states_o, const float* states_lse, int count, std::int64_t tokens,
+                     int heads, int num_valid_rows, TensorView<float, 3> o,
+                     TensorView<float, 2> lse, cudaStream_t stream, bool after_split) {
   const std::int64_t rows = tokens * std::int64_t(heads);
   if (rows == 0) return;
   const dim3 grid = dim3(unsigned(rows));
@@ -3385,7 +3444,7 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
     switch (count) {
 #define DCPATTN_MLA_MERGE_ROW_CASE(S)                                                          \
   case S:                                                                                      \
-    launch_dependent(&mla_merge_row_kernel<S>, grid, dim3(kMergeRowThreads), 0, stream,        \
+    launch_dependent(&mla_merge_row_kernel<S, T>, grid, dim3(kMergeRowThreads), 0, stream,     \
                      after_split, states_o, states_lse, tokens, heads, num_valid_rows, o, lse, \
                      vec_out);                                                                 \
     break;
@@ -3397,10 +3456,10 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
     return;
   }
   switch (count) {
-#define DCPATTN_MLA_MERGE_CASE(S)                                                                  \
-  case S:                                                                                          \
-    launch_dependent(&mla_merge_kernel<S>, grid, dim3(kMlaVDim), 0, stream, after_split, states_o, \
-                     states_lse, tokens, heads, num_valid_rows, o, lse);                           \
+#define DCPATTN_MLA_MERGE_CASE(S)                                                           \
+  case S:                                                                                   \
+    launch_dependent(&mla_merge_kernel<S, T>, grid, dim3(kMlaVDim), 0, stream, after_split, \
+                     states_o, states_lse, tokens, heads, num_valid_rows, o, lse);          \
     break;
     DCPATTN_MLA_MERGE_CASE(1)
     DCPATTN_MLA_MERGE_CASE(16)
@@ -3411,6 +3470,21 @@ inline void launch_merge(const float* states_o, const float* states_lse, int cou
       throw Error("dcpattn: launch_merge: count (" + std::to_string(count) +
                   ") must be a power of two in [1, 64]");
   }
+}
+
+/// `bf16_states`: the states' values are bf16 (SplitArgs::bf16_states, as dense_splits and
+/// sparse_splits return it), in the first half of the fp32 layout's bytes: state k of row (t, h)
+/// at element ((k T + t) H + h) 512; the lse values stay fp32.
+inline void launch_merge(const float* states_o, const float* states_lse, int count,
+                         std::int64_t tokens, int heads, int num_valid_rows, TensorView<float, 3> o,
+                         TensorView<float, 2> lse, cudaStream_t stream, bool after_split = false,
+                         bool bf16_states = false) {
+  if (bf16_states)
+    launch_merge_of(reinterpret_cast<const std::uint16_t*>(states_o), states_lse, count, tokens,
+                    heads, num_valid_rows, o, lse, stream, after_split);
+  else
+    launch_merge_of(states_o, states_lse, count, tokens, heads, num_valid_rows, o, lse, stream,
+                    after_split);
 }
 
 }  // namespace detail::mla
@@ -3454,9 +3528,10 @@ namespace detail::mla {
 /// The split stage of mla_decode_dense alone: with num_splits > 1 it leaves the split states in
 /// scratch ((S, T, H, 512) fp32 then (S, T, H) lse, natural log; padding rows not written) and
 /// does not touch o/lse; with num_splits == 1 it writes o/lse. Same arguments and checks as
-/// mla_decode_dense.
+/// mla_decode_dense. Returns whether the states' values were written as bf16 instead
+/// (SplitArgs::bf16_states: only with p.bf16_split_states).
 template <class QView, class CacheView>
-void dense_splits(const QView& q, const CacheView& cache,
+bool dense_splits(const QView& q, const CacheView& cache,
                   TensorView<const std::int32_t, 2> block_table,
                   TensorView<const std::int32_t, 1> row_request,
                   TensorView<const std::int64_t, 1> row_local_length, const MlaDecodeParams& p,
@@ -3467,7 +3542,7 @@ void dense_splits(const QView& q, const CacheView& cache,
                   "row_local_length has " + std::to_string(row_local_length.extent(0)) +
                       " rows, but q has " + std::to_string(q.extent(0)) + " tokens");
   const std::int64_t tokens = q.extent(0);
-  if (tokens == 0) return;
+  if (tokens == 0) return false;
   auto qs = make_q_source(q);
   SplitArgs<decltype(qs), CacheView, NoOwnership> a{};
   a.q = qs;
@@ -3497,7 +3572,7 @@ void dense_splits(const QView& q, const CacheView& cache,
         std::int64_t(p.num_splits) * p.interleave >= 8LL * p.page_size &&
         4 * ctas >= 3 * std::int64_t(device_sm_count())) {
       launch_wg_rows<wg::kNarrowHeads, false, false, true>(a, stream);
-      return;
+      return a.bf16_states;
     }
   }
   if constexpr (is_plain_strided_v<CacheView> &&
@@ -3509,16 +3584,17 @@ void dense_splits(const QView& q, const CacheView& cache,
           launch_wg_rows<wg::kNarrowHeads, false, true>(a, stream, tm);
         else
           launch_wg_rows<wg::kHeads, false, true>(a, stream, tm);
-        return;
+        return a.bf16_states;
       }
     }
   }
   launch_split<false>(a, stream);
+  return a.bf16_states;
 }
 
-/// The split stage of mla_decode_sparse alone (see dense_splits).
+/// The split stage of mla_decode_sparse alone (see dense_splits; the same return value).
 template <class QView, class CacheView, class Ownership>
-void sparse_splits(const QView& q, const CacheView& cache,
+bool sparse_splits(const QView& q, const CacheView& cache,
                    TensorView<const std::int32_t, 2> block_table,
                    TensorView<const std::int32_t, 1> row_request,
                    TensorView<const std::int32_t, 2> topk,
@@ -3529,7 +3605,7 @@ void sparse_splits(const QView& q, const CacheView& cache,
   validate_common(q, cache, block_table, row_request, p, o, lse, scratch);
   dcpattn::detail::validate_mla_sparse_extents(q, topk, row_bound, own, rank, p);
   const std::int64_t tokens = q.extent(0);
-  if (tokens == 0) return;
+  if (tokens == 0) return false;
   auto qs = make_q_source(q);
   SplitArgs<decltype(qs), CacheView, Ownership> a{};
   a.q = qs;
@@ -3540,6 +3616,7 @@ void sparse_splits(const QView& q, const CacheView& cache,
   a.rank = rank;
   set_query_map(a);
   launch_split<true>(a, stream);
+  return a.bf16_states;
 }
 
 /// Merges `count` stacked states along tree_merge's tree, with the arithmetic of the
@@ -3595,14 +3672,14 @@ void mla_decode_dense(const QView& q, const CacheView& cache,
                       TensorView<const std::int64_t, 1> row_local_length, const MlaDecodeParams& p,
                       TensorView<float, 3> o, TensorView<float, 2> lse,
                       cuda::std::span<std::byte> scratch, cudaStream_t stream) {
-  detail::mla::dense_splits(q, cache, block_table, row_request, row_local_length, p, o, lse,
-                            scratch, stream);
+  const bool bf16_states = detail::mla::dense_splits(q, cache, block_table, row_request,
+                                                     row_local_length, p, o, lse, scratch, stream);
   if (p.num_splits > 1 && q.extent(0) > 0) {
     float* so = reinterpret_cast<float*>(scratch.data());
     float* sl = so + std::size_t(p.num_splits) * std::size_t(q.extent(0)) *
                          std::size_t(q.extent(1)) * kMlaVDim;
     detail::mla::launch_merge(so, sl, p.num_splits, q.extent(0), int(q.extent(1)), p.num_valid_rows,
-                              o, lse, stream, /*after_split=*/true);
+                              o, lse, stream, /*after_split=*/true, bf16_states);
   }
 }
 
@@ -3628,14 +3705,14 @@ void mla_decode_sparse(const QView& q, const CacheView& cache,
                        TensorView<const std::int64_t, 1> row_bound, const Ownership& own, int rank,
                        const MlaDecodeParams& p, TensorView<float, 3> o, TensorView<float, 2> lse,
                        cuda::std::span<std::byte> scratch, cudaStream_t stream) {
-  detail::mla::sparse_splits(q, cache, block_table, row_request, topk, row_bound, own, rank, p, o,
-                             lse, scratch, stream);
+  const bool bf16_states = detail::mla::sparse_splits(
+      q, cache, block_table, row_request, topk, row_bound, own, rank, p, o, lse, scratch, stream);
   if (p.num_splits > 1 && q.extent(0) > 0) {
     float* so = reinterpret_cast<float*>(scratch.data());
     float* sl = so + std::size_t(p.num_splits) * std::size_t(q.extent(0)) *
                          std::size_t(q.extent(1)) * kMlaVDim;
     detail::mla::launch_merge(so, sl, p.num_splits, q.extent(0), int(q.extent(1)), p.num_valid_rows,
-                              o, lse, stream, /*after_split=*/true);
+                              o, lse, stream, /*after_split=*/true, bf16_states);
   }
 }
 
