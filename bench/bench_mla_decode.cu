@@ -164,6 +164,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   p.bf16_split_states = std::getenv("DCPATTN_BENCH_BF16_STATES") != nullptr;
   p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
   if (const char* forced = std::getenv("DCPATTN_BENCH_SPLITS")) p.num_splits = std::atoi(forced);
+  // Where the kernels take it (MlaDecodeParams::bf16_split_states): splits, > 16 heads, wgmma.
+  const bool bf16_states = p.bf16_split_states && p.num_splits > 1 && H > 16 &&
+                           dcpattn::cuda_kernels::detail::mla::use_wgmma_kernel();
   const std::size_t scratch_bytes =
       dcpattn::cuda_kernels::mla_decode_scratch_bytes(B, H, p.num_splits);
   DeviceBuffer scratch(scratch_bytes);
@@ -234,7 +237,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
       flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us,
-      p.num_splits > 1 && p.bf16_split_states ? "  (bf16 split states)" : "");
+      bf16_states ? "  (bf16 split states)" : "");
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -244,7 +247,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("context", double(L))
       .field("heads", H)
       .field("topk", K)
-      .field("split_states", p.num_splits > 1 && p.bf16_split_states ? "bf16" : "fp32")
+      .field("split_states", bf16_states ? "bf16" : "fp32")
       .field("num_splits", p.num_splits)
       .field("interleave", p.interleave)
       .field("flush", write_flush ? "write" : "read")
