@@ -237,6 +237,12 @@ def plot_mla(plt, records, out_dir):
         if ref:
             ax.axhline(ref, color="gray", linestyle=":",
                        label="bf16 matmul 8192^3" if metric == "tflops" else "copy bandwidth")
+        # The floors of the MLA decode work: 250 TFLOP/s dense and 200 sparse at 128 heads, 70% of
+        # the copy bandwidth at 16 heads.
+        floor = (0.7 * ref if ref else None) if metric == "gbs" else (250 if kind == "dense" else 200)
+        if floor:
+            ax.axhline(floor, color="tab:purple", linestyle="-.", linewidth=0.9,
+                       label="floor (70% of copy)" if metric == "gbs" else f"floor ({floor})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch (rows)")
         ax.set_title(title, fontsize=9)
