@@ -8,12 +8,19 @@
 //     conversion), of an integer-only conversion (byte permutes, masks and shifts into the f16
 //     bits of the value times 2^-8), and of the two alternating. Checked first against each other
 //     on all 256 codes (NaN codes excepted).
+//   - shared-memory stores: bytes per SM per clock of 16-byte st.shared stores of a 64 x 576
+//     bf16 tile in the kernels' swizzled layout (tile_offset; 384 threads, as the 64-head fp8
+//     kernel's dequantization), into the CTA's own shared memory, half of it into the other CTA
+//     of a 2-CTA cluster (st.shared::cluster), or all of it there: what a pair of head-block
+//     CTAs would pay to share one tile's dequantization. Cycles from clock64 around 2000 tiles,
+//     a cluster barrier after each.
 // Every SM runs the same CTAs; the figures are per SM. JSON records go to argv[1] (default
 // hopper_rates.json).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <cuda_fp16.h>
 
@@ -32,6 +39,53 @@ namespace {
 // conversion.
 using dcpattn::cuda_kernels::detail::mla::wg::e4m3x4_to_f16x2x2;
 using dcpattn::cuda_kernels::detail::mla::wg::gmma_desc;
+using dcpattn::cuda_kernels::detail::mla::wg::tile_offset;
+
+constexpr int kStoreTiles = 2000;
+constexpr int kStoreThreads = 384;
+constexpr int kTileChunks = 64 * 576 * 2 / 16;  // 16-byte chunks of a 64 x 576 bf16 tile
+
+// kMode 0: every chunk into this CTA's shared memory; 1: the chunks of the partner's 32 rows
+// into the partner's (the other CTA of the cluster); 2: every chunk into the partner's.
+// Chunk i is row i mod 64, column chunk i / 64: a quarter warp writes 8 rows of distinct
+// swizzle phases (no bank conflict), as the kernel's dequantization does.
+template <int kMode>
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kStoreThreads)
+    smem_store_rate_kernel(unsigned long long* cycles) {
+  extern __shared__ __align__(1024) unsigned char tile[];
+  std::uint32_t rank = 0, local = 0, remote = 0;
+#if defined(DCPATTN_RATES_WGMMA)
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  local = std::uint32_t(__cvta_generic_to_shared(tile));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank ^ 1u));
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
+               ::: "memory");
+  const long long t0 = clock64();
+  for (int it = 0; it < kStoreTiles; ++it) {
+    for (int i = int(threadIdx.x); i < kTileChunks; i += kStoreThreads) {
+      const int row = i & 63;
+      const std::uint32_t off = tile_offset(row, i >> 6);
+      const std::uint32_t v = std::uint32_t(i + it);
+      const bool far = kMode == 2 || (kMode == 1 && std::uint32_t(row >> 5) != rank);
+      if (far)
+        asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(remote + off),
+                     "r"(v)
+                     : "memory");
+      else
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(local + off), "r"(v)
+                     : "memory");
+    }
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+            : "memory");
+  }
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = static_cast<unsigned long long>(t1 - t0);
+#else
+  (void)cycles, (void)rank, (void)local, (void)remote;
+  __trap();
+#endif
+}
 
 template <int N>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4],
@@ -215,6 +269,41 @@ void convert_case(dcpattn::bench::JsonRecords& json, const std::uint32_t* in, st
   cudaEventDestroy(e1);
 }
 
+template <int kMode>
+void store_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
+  constexpr int kBytes = kTileChunks * 16;
+  const int ctas = sms - sms % 2;
+  unsigned long long* cycles = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&cycles, std::size_t(ctas) * sizeof(unsigned long long)));
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(smem_store_rate_kernel<kMode>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  std::vector<unsigned long long> h(static_cast<std::size_t>(ctas));
+  for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
+    smem_store_rate_kernel<kMode><<<ctas, kStoreThreads, kBytes>>>(cycles);
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+    DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    DCPATTN_CUDA_CHECK(cudaMemcpy(h.data(), cycles, h.size() * sizeof(unsigned long long),
+                                  cudaMemcpyDeviceToHost));
+  }
+  const double worst = double(*std::max_element(h.begin(), h.end())) / kStoreTiles;
+  const double best = double(*std::min_element(h.begin(), h.end())) / kStoreTiles;
+  const char* name = kMode == 0 ? "own" : kMode == 1 ? "half into the partner's" : "all into the partner's";
+  std::printf(
+      "st.shared of a 73,728-byte tile, %-23s: %7.0f - %7.0f cycles a tile (%5.1f - %5.1f bytes "
+      "per SM per clock)\n",
+      name, best, worst, kBytes / worst, kBytes / best);
+  json.begin()
+      .field("kind", "smem_store")
+      .field("target", name)
+      .field("threads", kStoreThreads)
+      .field("bytes_per_tile", kBytes)
+      .field("cycles_per_tile_max", worst)
+      .field("cycles_per_tile_min", best)
+      .field("bytes_per_sm_per_clock", kBytes / worst)
+      .field("clock_khz", clock_khz);
+  cudaFree(cycles);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -256,6 +345,9 @@ int main(int argc, char** argv) {
     convert_case<0>(json, in, out, sms, clock_khz);
     convert_case<1>(json, in, out, sms, clock_khz);
     convert_case<2>(json, in, out, sms, clock_khz);
+    store_case<0>(json, sms, clock_khz);
+    store_case<1>(json, sms, clock_khz);
+    store_case<2>(json, sms, clock_khz);
     cudaFree(bad);
     cudaFree(in);
     cudaFree(out);
