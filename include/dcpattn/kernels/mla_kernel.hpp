@@ -48,7 +48,7 @@ struct MlaDecodeParams {
   /// reads half the bytes. The merged lse is the fp32-state call's bit for bit; o is within bf16
   /// rounding of it, not bitwise. Elsewhere (16 heads or fewer, the mma.sync kernel, the host
   /// kernels) it changes nothing; at 16 heads the bf16 writes were slower (docs/performance.md,
-  /// run 21). H200, dense bf16 1 x 32K, 128 heads: 39.0 -> 36.2 us.
+  /// run 21). H200, dense bf16 1 x 32K, 128 heads: 39.2 -> 36.2 us.
   bool bf16_split_states = false;
 };
 
