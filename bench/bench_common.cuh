@@ -153,6 +153,13 @@ enum class Flush {
   read,
 };
 
+/// The GPU's global nanosecond timer (%globaltimer).
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 /// Reads n 16-byte words; stores to *sink only if their XOR is a value no fill produces, so the
 /// reads cannot be elided and nothing is written. With `end_ns`, each block also raises *end_ns
 /// to the %globaltimer value at its end (bench_launch_gap).
@@ -167,11 +174,7 @@ __global__ void read_flush_kernel(const uint4* __restrict__ p, std::size_t n, un
   if (x == 0x9e3779b9u && sink != nullptr) *sink = x;
   if (end_ns != nullptr) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      atomicMax(end_ns, t);
-    }
+    if (threadIdx.x == 0) atomicMax(end_ns, globaltimer_ns());
   }
 }
 

@@ -20,19 +20,13 @@ namespace {
 
 __device__ unsigned long long g_first_start;
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 /// Each block's start time; nothing else (waits for the previous grid first, as the MLA decode
 /// kernels do when launched as programmatic dependents).
 __global__ void empty_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  if (threadIdx.x == 0) atomicMin(&g_first_start, global_ns());
+  if (threadIdx.x == 0) atomicMin(&g_first_start, dcpattn::bench::globaltimer_ns());
 }
 
 struct Variant {

@@ -164,9 +164,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   p.bf16_split_states = std::getenv("DCPATTN_BENCH_BF16_STATES") != nullptr;
   p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
   if (const char* forced = std::getenv("DCPATTN_BENCH_SPLITS")) p.num_splits = std::atoi(forced);
-  // Where the kernels take it (MlaDecodeParams::bf16_split_states): splits, > 16 heads, wgmma.
-  const bool bf16_states = p.bf16_split_states && p.num_splits > 1 && H > 16 &&
-                           dcpattn::cuda_kernels::detail::mla::use_wgmma_kernel();
+  const bool bf16_states = dcpattn::cuda_kernels::detail::mla::bf16_states_taken(
+      p, H, dcpattn::cuda_kernels::detail::mla::use_wgmma_kernel());
   const std::size_t scratch_bytes =
       dcpattn::cuda_kernels::mla_decode_scratch_bytes(B, H, p.num_splits);
   DeviceBuffer scratch(scratch_bytes);

@@ -18,6 +18,7 @@
 #include "dcpattn/core/tensor.hpp"
 #include "dcpattn/error.hpp"
 #include "dcpattn/kernels/cuda/combine.cuh"
+#include "dcpattn/kernels/cuda/device.cuh"
 #include "dcpattn/kernels/cuda/mla_decode.cuh"
 #include "dcpattn/kernels/host/combine.hpp"
 #include "dcpattn/kernels/mla_kernel.hpp"
@@ -63,12 +64,7 @@ struct CudaExecution {
   /// A shard length no batch reaches: fast_mode_splits does not know the real ones.
   static constexpr std::int64_t kUnknownLength = std::int64_t(1) << 40;
   /// Multiprocessors of the current device.
-  static int multiprocessors() {
-    int device = 0, sms = 0;
-    DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
-    DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
-  }
+  static int multiprocessors() { return cuda_kernels::detail::device_sm_count(); }
 
   /// Device scratch the attention kernels need per forward (their split states), for
   /// config.max_tokens rows of config.num_heads heads and `num_splits` local splits.

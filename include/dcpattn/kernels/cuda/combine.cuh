@@ -213,13 +213,6 @@ DCPATTN_DEVICE std::uint32_t pack_bf16x2(float lo, float hi) {
            (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
   return cvt_bf16x2(lo, hi);
 }
-/// The bfloat16 in the low / high half of a word, as fp32 (bfloat16::to_float).
-DCPATTN_DEVICE float bf16_lo(std::uint32_t u) {
-  return __uint_as_float(u << 16);
-}
-DCPATTN_DEVICE float bf16_hi(std::uint32_t u) {
-  return __uint_as_float(u & 0xffff0000u);
-}
 
 /// Stores V values rounded to T at p, contiguous: one vector store (p aligned to the vector: 16
 /// bytes, 8 for 4 bf16), two 16-byte stores for 8 fp32 values.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Register conversions the CUDA kernels share: two floats to a bf16 pair in one instruction, and
-// an e4m3 pair to two floats through the hardware fp8 -> f16 conversion. Both give the values of
+// Register conversions the CUDA kernels share: two floats to a bf16 pair in one instruction, a
+// bf16 half of a word back to a float, and an e4m3 pair to two floats through the hardware
+// fp8 -> f16 conversion. Both give the values of
 // the library's scalar routines (bfloat16::from_float, fp8_e4m3::decode) for non-NaN inputs.
 #pragma once
 
@@ -28,6 +29,14 @@ DCPATTN_DEVICE std::uint32_t cvt_bf16x2(float lo, float hi) {
   return std::uint32_t(bfloat16::from_float(lo).bits) |
          (std::uint32_t(bfloat16::from_float(hi).bits) << 16);
 #endif
+}
+
+/// The bfloat16 in the low / high half of a word, as fp32 (bfloat16::to_float).
+DCPATTN_DEVICE float bf16_lo(std::uint32_t u) {
+  return __uint_as_float(u << 16);
+}
+DCPATTN_DEVICE float bf16_hi(std::uint32_t u) {
+  return __uint_as_float(u & 0xffff0000u);
 }
 
 /// The two e4m3 codes in the low 16 bits of `two` (low byte first) as floats, exactly: every e4m3

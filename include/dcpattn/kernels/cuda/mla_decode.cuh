@@ -99,6 +99,7 @@
 #include "dcpattn/gather/query_gather.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
 #include "dcpattn/kernels/cuda/convert.cuh"
+#include "dcpattn/kernels/cuda/device.cuh"
 #include "dcpattn/kernels/cuda/merge_tree.cuh"
 #include "dcpattn/kernels/mla_kernel.hpp"
 #include "dcpattn/ownership/slot_ownership.hpp"
@@ -210,9 +211,8 @@ struct SplitArgs {
   /// positions in one page (dense_splits) on a cache of contiguous entries: a full tile of 64
   /// consecutive slots is one bulk copy of 64 x 656 bytes (cp.async.bulk), not 2624 cp.async.
   bool raw_bulk;
-  /// The split states' values in bf16 (state_row_bf16; the lse stays fp32): set by fill_common
-  /// where MlaDecodeParams::bf16_split_states applies, num_splits > 1 and the 64-head warpgroup
-  /// kernels run (the only writer of bf16 states); the merge kernels then read bf16.
+  /// The split states' values in bf16 (state_row_bf16; the lse stays fp32): bf16_states_taken,
+  /// set by fill_common; the merge kernels then read bf16.
   bool bf16_states;
 };
 
@@ -809,7 +809,7 @@ DCPATTN_DEVICE float state_value(const float* p) {
   return *p;
 }
 DCPATTN_DEVICE float state_value(const std::uint16_t* p) {
-  return __uint_as_float(std::uint32_t(*p) << 16);
+  return bf16_lo(*p);
 }
 
 /// Tree-merges S states (S, T, H, 512) + (S, T, H) along tree_merge's tree and writes the result
@@ -908,8 +908,7 @@ __global__ void __launch_bounds__(kMergeRowThreads)
       const T* src = states_o + (k * plane + row) * kMlaVDim + d;
       if constexpr (sizeof(T) == 2) {  // four bf16 values
         const uint2 b = *reinterpret_cast<const uint2*>(src);
-        v[k] = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xFFFF0000u),
-                           __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xFFFF0000u));
+        v[k] = make_float4(bf16_lo(b.x), bf16_hi(b.x), bf16_lo(b.y), bf16_hi(b.y));
       } else {
         v[k] = *reinterpret_cast<const float4*>(src);
       }
@@ -3167,22 +3166,6 @@ inline std::size_t split_state_bytes(std::int64_t tokens, std::int64_t heads, in
          std::size_t(kMlaVDim + 1) * sizeof(float);
 }
 
-/// The current device's number of multiprocessors.
-inline int device_sm_count() {
-  int device = 0, count = 0;
-  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
-  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
-/// The current device's compute capability major number.
-inline int device_cc_major() {
-  int device = 0, major = 0;
-  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
-  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major;
-}
-
 /// Raises `kernel`'s dynamic shared-memory limit to `smem` on the current device, once per device
 /// (bit d of `configured`, one per kernel; devices beyond 63 set it at every launch). Not a stream
 /// operation: launches stay graph-capturable.
@@ -3392,6 +3375,13 @@ void set_query_map(SplitArgs<QSrc, CacheView, Own>& a) {
   }
 }
 
+/// Whether a call's split states are bf16 (SplitArgs::bf16_states): the option asked for
+/// (MlaDecodeParams::bf16_split_states), splits to merge, and the 64-head warpgroup kernels
+/// (`wgmma`, more than kNarrowHeads heads), the only writers of bf16 states.
+inline bool bf16_states_taken(const MlaDecodeParams& p, std::int64_t heads, bool wgmma) {
+  return p.bf16_split_states && p.num_splits > 1 && wgmma && heads > wg::kNarrowHeads;
+}
+
 template <class QSrc, class CacheView, class Own>
 void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
                  TensorView<const std::int32_t, 2> block_table,
@@ -3413,7 +3403,7 @@ void fill_common(SplitArgs<QSrc, CacheView, Own>& a, const CacheView& cache,
   a.cache_vector = cache_vector_path(cache);
   a.wgmma = use_wgmma_kernel();
   a.raw_bulk = false;  // dense_splits sets it where it applies
-  a.bf16_states = p.bf16_split_states && p.num_splits > 1 && a.wgmma && heads > wg::kNarrowHeads;
+  a.bf16_states = bf16_states_taken(p, heads, a.wgmma);
   a.rank = 0;
   a.error_flags = p.error_flags;
   if (p.num_splits > 1) {

@@ -46,6 +46,7 @@
 #include "dcpattn/error.hpp"
 #include "dcpattn/kernels/cache_layout.hpp"
 #include "dcpattn/kernels/cuda/convert.cuh"
+#include "dcpattn/kernels/cuda/device.cuh"
 #include "dcpattn/kernels/host/prologue.hpp"
 #include "dcpattn/kernels/input_errors.hpp"
 
@@ -892,9 +893,7 @@ void fused_prologue(const PrologueArgs<KvCacheView>& args, cudaStream_t stream) 
   if (T == 0) return;
   d::Params<format> params = d::make_params<format>(args);
 
-  int device = 0, sms = 0;
-  DCPATTN_CUDA_CHECK(cudaGetDevice(&device));
-  DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = detail::device_sm_count();
   // Residency is taken from the register cap (at least kMinBlocksPerSm blocks of kThreads per SM)
   // rather than queried: no runtime call that a graph capture could object to.
   const std::int64_t resident_blocks = std::int64_t(sms) * d::kMinBlocksPerSm;
