@@ -1677,11 +1677,17 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
       const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
       std::uint32_t out[8];
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
+      for (int w = 0; w < 4; ++w) {
         // Hardware e4m3x2 -> f16x2 -> f32 (exact: e4m3 values are f16 values), then the same
-        // fp32 product and round-to-nearest bf16 as fp8_e4m3::decode(code) * scale.
-        const float2 f = e4m3x2_to_float2(words[q / 2] >> ((q % 2) * 16));
-        out[q] = cvt_bf16x2(f.x * scale, f.y * scale);
+        // fp32 product and round-to-nearest bf16 as fp8_e4m3::decode(code) * scale. Both halves
+        // of a word from its register as it is (e4m3x4_to_f16x2x2: no shift for the high one).
+        std::uint32_t h[2];
+        e4m3x4_to_f16x2x2(words[w], h[0], h[1]);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[k]));
+          out[2 * w + k] = cvt_bf16x2(f.x * scale, f.y * scale);
+        }
       }
       *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * cc)) =
           make_uint4(out[0], out[1], out[2], out[3]);
