@@ -12,8 +12,10 @@
 //     bf16 tile in the kernels' swizzled layout (tile_offset; 384 threads, as the 64-head fp8
 //     kernel's dequantization), into the CTA's own shared memory, half of it into the other CTA
 //     of a 2-CTA cluster (st.shared::cluster), or all of it there: what a pair of head-block
-//     CTAs would pay to share one tile's dequantization. Cycles from clock64 around 2000 tiles,
-//     a cluster barrier after each.
+//     CTAs would pay to share one tile's dequantization; and the half handed over as such a pair
+//     would: by st.async (asynchronous stores completing on the partner's mbarrier), with eight
+//     lanes to a 128-byte row, or by bulk copies of the own half once it is stored. Cycles from
+//     clock64 around 2000 tiles, a cluster barrier after each.
 // Every SM runs the same CTAs; the figures are per SM. JSON records go to argv[1] (default
 // hopper_rates.json).
 #include <algorithm>
@@ -46,34 +48,86 @@ constexpr int kStoreThreads = 384;
 constexpr int kTileChunks = 64 * 576 * 2 / 16;  // 16-byte chunks of a 64 x 576 bf16 tile
 
 // kMode 0: every chunk into this CTA's shared memory; 1: the chunks of the partner's 32 rows
-// into the partner's (the other CTA of the cluster); 2: every chunk into the partner's.
-// Chunk i is row i mod 64, column chunk i / 64: a quarter warp writes 8 rows of distinct
-// swizzle phases (no bank conflict), as the kernel's dequantization does.
+// into the partner's (the other CTA of the cluster), the others into this CTA's; 2: every chunk
+// into the partner's; 3: as 1, the partner's chunks by st.async, which completes them on the
+// partner's mbarrier (expect_tx of the half tile, waited for before the cluster barrier);
+// 4: as 3 and 5: as 1, with eight lanes to a 128-byte row (below); 6: this CTA's rows into its
+// own shared memory, then copied into the partner's by 9 bulk copies of 4 KiB (cp.async.bulk
+// shared::cta -> shared::cluster), completing on the partner's mbarrier as in 3.
+// Modes 0-3, 6: chunk i is row i mod 64, column chunk i / 64: a quarter warp writes 8 rows of
+// distinct swizzle phases (no bank conflict), as the kernel's dequantization does. Modes 4, 5:
+// chunk i is chunk i mod 8 of row (i / 8) mod 64 of column block i / 512.
 template <int kMode>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kStoreThreads)
     smem_store_rate_kernel(unsigned long long* cycles) {
   extern __shared__ __align__(1024) unsigned char tile[];
-  std::uint32_t rank = 0, local = 0, remote = 0;
+  __shared__ __align__(8) std::uint64_t landed;  // modes 3, 4, 6: the partner's half is in
+  std::uint32_t rank = 0, local = 0, remote = 0, bar = 0, remote_bar = 0;
 #if defined(DCPATTN_RATES_WGMMA)
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   local = std::uint32_t(__cvta_generic_to_shared(tile));
+  bar = std::uint32_t(__cvta_generic_to_shared(&landed));
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank ^ 1u));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote_bar)
+               : "r"(bar), "r"(rank ^ 1u));
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
                ::: "memory");
   const long long t0 = clock64();
   for (int it = 0; it < kStoreTiles; ++it) {
+    if ((kMode == 3 || kMode == 4 || kMode == 6) && threadIdx.x == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                   "r"(kTileChunks * 8)
+                   : "memory");
     for (int i = int(threadIdx.x); i < kTileChunks; i += kStoreThreads) {
-      const int row = i & 63;
-      const std::uint32_t off = tile_offset(row, i >> 6);
+      const int row = kMode >= 4 ? (i >> 3) & 63 : i & 63;
+      const std::uint32_t off =
+          kMode >= 4 ? std::uint32_t((i >> 9) * 8192 + row * 128 + (((i & 7) ^ (row & 7)) << 4))
+                     : tile_offset(row, i >> 6);
       const std::uint32_t v = std::uint32_t(i + it);
-      const bool far = kMode == 2 || (kMode == 1 && std::uint32_t(row >> 5) != rank);
-      if (far)
+      if (kMode == 6 && std::uint32_t(row >> 5) != rank) continue;  // the partner's rows: copied
+      const bool far = kMode == 2 || (kMode != 0 && kMode != 6 && std::uint32_t(row >> 5) != rank);
+      if (far && (kMode == 3 || kMode == 4))
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %1, %1, "
+            "%1}, [%2];\n" ::"r"(remote + off),
+            "r"(v), "r"(remote_bar)
+            : "memory");
+      else if (far)
         asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(remote + off),
                      "r"(v)
                      : "memory");
       else
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(local + off), "r"(v)
                      : "memory");
+    }
+    if (kMode == 6) {
+      // This CTA's 32 rows of each column block (4 KiB, contiguous) into the partner's shared
+      // memory by the tensor memory accelerator, completing on the partner's mbarrier.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncthreads();
+      if (threadIdx.x < 9) {
+        const std::uint32_t off = threadIdx.x * 8192u + rank * 4096u;
+        asm volatile(
+            "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], "
+            "4096, [%2];\n" ::"r"(remote + off),
+            "r"(local + off), "r"(remote_bar)
+            : "memory");
+      }
+    }
+    if (kMode == 3 || kMode == 4 || kMode == 6) {
+      std::uint32_t done = 0;
+      while (!done)
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(std::uint32_t(it & 1))
+            : "memory");
     }
     asm volatile(
         "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
@@ -82,7 +136,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kStoreThreads)
   const long long t1 = clock64();
   if (threadIdx.x == 0) cycles[blockIdx.x] = static_cast<unsigned long long>(t1 - t0);
 #else
-  (void)cycles, (void)rank, (void)local, (void)remote;
+  (void)cycles, (void)rank, (void)local, (void)remote, (void)bar, (void)remote_bar, (void)landed;
   __trap();
 #endif
 }
@@ -287,9 +341,15 @@ void store_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
   }
   const double worst = double(*std::max_element(h.begin(), h.end())) / kStoreTiles;
   const double best = double(*std::min_element(h.begin(), h.end())) / kStoreTiles;
-  const char* name = kMode == 0 ? "own" : kMode == 1 ? "half into the partner's" : "all into the partner's";
+  const char* name = kMode == 0   ? "own"
+                     : kMode == 1 ? "half into the partner's"
+                     : kMode == 2 ? "all into the partner's"
+                     : kMode == 3 ? "half into the partner's by st.async"
+                     : kMode == 4 ? "half, st.async, 128-byte rows"
+                     : kMode == 5 ? "half, st.shared::cluster, 128-byte rows"
+                                  : "half, bulk copies of the own half";
   std::printf(
-      "st.shared of a 73,728-byte tile, %-23s: %7.0f - %7.0f cycles a tile (%5.1f - %5.1f bytes "
+      "st.shared of a 73,728-byte tile, %-36s: %7.0f - %7.0f cycles a tile (%5.1f - %5.1f bytes "
       "per SM per clock)\n",
       name, best, worst, kBytes / worst, kBytes / best);
   json.begin()
@@ -348,6 +408,10 @@ int main(int argc, char** argv) {
     store_case<0>(json, sms, clock_khz);
     store_case<1>(json, sms, clock_khz);
     store_case<2>(json, sms, clock_khz);
+    store_case<3>(json, sms, clock_khz);
+    store_case<4>(json, sms, clock_khz);
+    store_case<5>(json, sms, clock_khz);
+    store_case<6>(json, sms, clock_khz);
     cudaFree(bad);
     cudaFree(in);
     cudaFree(out);

@@ -1179,6 +1179,11 @@ DCPATTN_DEVICE int page_run_start(const int* slots, int n_tile) {
 DCPATTN_DEVICE void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+/// Arrival without waiting on hardware barrier `id` (1..15), whose other `count` - 32 x warps
+/// threads wait on it (named_barrier).
+DCPATTN_DEVICE void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 DCPATTN_DEVICE void consumer_barrier() {
   named_barrier(1, kConsumers);
 }
@@ -1260,6 +1265,68 @@ DCPATTN_DEVICE void wgmma_m64n32_qk([[maybe_unused]] float (&d)[16],
         "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
         "+f"(d[14]), "+f"(d[15])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
+#endif
+}
+DCPATTN_DEVICE void wgmma_m64n64_qk([[maybe_unused]] float (&d)[32],
+                                    [[maybe_unused]] std::uint64_t desc_a,
+                                    [[maybe_unused]] std::uint64_t desc_b,
+                                    [[maybe_unused]] int accumulate) {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
+#endif
+}
+/// O += P V with P (the A operand) from registers: a[0..3] as the m64k16 A fragment.
+DCPATTN_DEVICE void wgmma_m64n256_pv_rs([[maybe_unused]] float (&d)[128],
+                                        [[maybe_unused]] const std::uint32_t (&a)[4],
+                                        [[maybe_unused]] std::uint64_t desc_b) {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+      "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+      "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+      "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+      "%123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
+        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
+        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
+        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
+        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
+        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 #else
   __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
@@ -2921,12 +2988,20 @@ __global__ void __launch_bounds__(
   } else if constexpr (kRows == kNarrowHeads) {
     narrow_consumers(a, smem, t, j);
   } else {
-    const int g = warp >> 2;  // warpgroup: tokens [32 g, +32) of S, value dims [256 g, +256) of O
+    // The two warpgroups take different roles (as FlashMLA's decoding kernels). Warpgroup 0
+    // computes all of S = Q K^T (m64n64: the query block is read once a tile), the whole softmax
+    // (no exchange of row maxima), and O = P V for value dims [0, 256) with P from its registers;
+    // it hands P and the rescale factors to warpgroup 1 through shared memory (named barrier 3),
+    // and warpgroup 1 computes O for value dims [256, 512) while warpgroup 0 goes on. Against
+    // both warpgroups computing the scores of 32 tokens and exchanging row maxima (runs 3-22):
+    // dense bf16 128 heads 64 x 32K 1197-1229 -> 1049-1052 us, 8 x 32K 176 -> 155-156, 1 x 32K
+    // 38.8-39.2 -> 37.1-37.4 (docs/performance.md, run 23). Warpgroup 0 ends with the whole row
+    // sum and warpgroup 1 with none, so the state below adds 0 to it.
+    const int g = warp >> 2;  // warpgroup: value dims [256 g, +256) of O; 0 also the scores
     const int wq = warp & 3;  // warp in the warpgroup: head rows [16 wq, +16)
     const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;
 
-    // Softmax state of head rows r0 and r1 (replicated in the 4 threads of a row quad and in both
-    // warpgroups); l_* is this warpgroup's share of the row sum.
+    // Softmax state of head rows r0 and r1 (warpgroup 0; replicated in the 4 threads of a quad).
     float m_0 = kNegInf, m_1 = kNegInf, l_0 = 0.0f, l_1 = 0.0f;
     float o[128];
 #pragma unroll
@@ -2934,48 +3009,39 @@ __global__ void __launch_bounds__(
 
     const std::uint32_t qa = smem_u32(q_s);
     const std::uint32_t pa = smem_u32(p_s);
-    for (int i = 0;; ++i) {
-      const int st = kFp8 ? 0 : (i & 1);
-      if constexpr (kFp8) {
-        // tile_begin (this thread's products of tile i - 1 are done)
-        cta_handover(&full[0], i & 1);
-      } else {
-        mbar_wait(&full[st], (i >> 1) & 1);
-        fence_proxy_async();  // the tile's copies, landed, for the tensor cores
-      }
-      const int n_tile = count_s[i % kSlotBufs];
-      if (n_tile == 0) break;
-      if constexpr (kFp8) {
-        if (kRawPath && a.cache_vector) {
-          mbar_wait(&full[2], i & 1);  // raw_full (one raw stage): a bulk copy has landed
-          dequant_tile(raw_s, stage(0), tid);
+    float* alpha_s = xrow;  // [64]: the rescale factors of the tile's P
+    auto rescale = [&](float al0, float al1) {
+      // Rescaling by 1 changes nothing: skipped when no row of the warp moved its maximum.
+      if (__any_sync(kFullMask, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+        for (int c = 0; c < 32; ++c) {
+          o[4 * c] *= al0;
+          o[4 * c + 1] *= al0;
+          o[4 * c + 2] *= al1;
+          o[4 * c + 3] *= al1;
         }
-        fence_proxy_async();
-        cta_handover(&empty[0], i & 1);  // tile_ready
-        if (i == 0 && a.q_tma) mbar_wait(&full[1], 0);  // q_full: the query block is in
       }
-      const int* slots = slot_s + (i % kSlotBufs) * kTileTokens;
-      const std::uint32_t k_s = smem_u32(stage(st));
-
-      // --- S = Q K^T for tokens [32 g, 32 g + 32).
-      float s[16];
-      const std::uint32_t ka = k_s + std::uint32_t(g * 32 * 128);
+    };
+    // Warpgroup 0, one tile (K/V stage at k_s, its slots): the scores, the softmax, P and alpha_s
+    // handed to warpgroup 1 (barrier 3), O for dims [0, 256). Branch-free softmax: a masked score
+    // (-inf) gives expf(-inf) = 0 against a finite maximum; while nothing is valid (mn = -inf)
+    // the maximum used is 0, so no -inf - -inf arises, and alpha is 0 against o = 0 and l = 0.
+    auto scores_tile = [&](std::uint32_t k_s, const int* slots) {
+      float s[32];  // s[4 jn + e]: (r0, token 8 jn + 2 (lane mod 4) + e), [+ 2]: r1
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < kMlaQkDim / 16; ++ks) {
         const std::uint32_t off = std::uint32_t((ks >> 2) * kBlock + (ks & 3) * 32);
-        wgmma_m64n32_qk(s, gmma_desc(qa + off, 16, 1024), gmma_desc(ka + off, 16, 1024), ks > 0);
+        wgmma_m64n64_qk(s, gmma_desc(qa + off, 16, 1024), gmma_desc(k_s + off, 16, 1024), ks > 0);
       }
       wgmma_commit();
       wgmma_wait_all();
-
-      // --- Online softmax in registers.
       float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
-      for (int jn = 0; jn < 4; ++jn) {
+      for (int jn = 0; jn < 8; ++jn) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const bool valid = slots[32 * g + 8 * jn + 2 * (lane & 3) + e] >= 0;
+          const bool valid = slots[8 * jn + 2 * (lane & 3) + e] >= 0;
           s[4 * jn + e] = valid ? a.softmax_scale * s[4 * jn + e] : kNegInf;
           s[4 * jn + 2 + e] = valid ? a.softmax_scale * s[4 * jn + 2 + e] : kNegInf;
           mx0 = fmaxf(mx0, s[4 * jn + e]);
@@ -2986,23 +3052,15 @@ __global__ void __launch_bounds__(
       mx0 = fmaxf(mx0, __shfl_xor_sync(kFullMask, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(kFullMask, mx1, 2));
-      if ((lane & 3) == 0) {
-        xrow[g * kHeads + r0] = mx0;
-        xrow[g * kHeads + r1] = mx1;
-      }
-      consumer_barrier();
-      const float mn0 = fmaxf(m_0, fmaxf(xrow[r0], xrow[kHeads + r0]));
-      const float mn1 = fmaxf(m_1, fmaxf(xrow[r1], xrow[kHeads + r1]));
-      // Branch-free: a masked score (-inf) gives expf(-inf) = 0 against a finite maximum. While
-      // nothing is valid (mn = -inf) the maximum used is 0, so no -inf - -inf arises; alpha is then
-      // 0 against o = 0 and l = 0, which leaves both 0.
+      const float mn0 = fmaxf(m_0, mx0), mn1 = fmaxf(m_1, mx1);
       const float mu0 = mn0 == kNegInf ? 0.0f : mn0;
       const float mu1 = mn1 == kNegInf ? 0.0f : mn1;
       const float al0 = expf(m_0 - mu0);
       const float al1 = expf(m_1 - mu1);
       float sum0 = 0.0f, sum1 = 0.0f;
+      std::uint32_t pf[8][2];  // P in bf16 pairs: [jn][row r0, r1], tokens 8 jn + 2 (lane mod 4)
 #pragma unroll
-      for (int jn = 0; jn < 4; ++jn) {
+      for (int jn = 0; jn < 8; ++jn) {
         const float p00 = expf(s[4 * jn] - mu0);
         const float p01 = expf(s[4 * jn + 1] - mu0);
         const float p10 = expf(s[4 * jn + 2] - mu1);
@@ -3011,11 +3069,17 @@ __global__ void __launch_bounds__(
         sum0 += p01;
         sum1 += p10;
         sum1 += p11;
-        const int tok = 32 * g + 8 * jn + 2 * (lane & 3);
+        pf[jn][0] = cvt_bf16x2(p00, p01);
+        pf[jn][1] = cvt_bf16x2(p10, p11);
+        const int tok = 8 * jn + 2 * (lane & 3);
         const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
         // r1 = r0 + 8 has the same swizzle phase (r1 & 7 == r0 & 7).
-        *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) = cvt_bf16x2(p00, p01);
-        *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) = cvt_bf16x2(p10, p11);
+        *reinterpret_cast<std::uint32_t*>(p_s + r0 * 128 + cb) = pf[jn][0];
+        *reinterpret_cast<std::uint32_t*>(p_s + r1 * 128 + cb) = pf[jn][1];
+      }
+      if ((lane & 3) == 0) {
+        alpha_s[r0] = al0;
+        alpha_s[r1] = al1;
       }
       // (a + b) + (c + d) on every lane: float addition is commutative, so the 4 copies agree.
       sum0 += __shfl_xor_sync(kFullMask, sum0, 1);
@@ -3026,21 +3090,24 @@ __global__ void __launch_bounds__(
       l_1 = l_1 * al1 + sum1;
       m_0 = mn0;
       m_1 = mn1;
-      // Rescaling by 1 changes nothing: skip it when no row of the warp moved its maximum.
-      if (__any_sync(kFullMask, al0 != 1.0f || al1 != 1.0f)) {
+      fence_proxy_async();                  // P, for warpgroup 1's tensor cores
+      named_barrier_arrive(3, kConsumers);  // P and alpha_s are in
+      rescale(al0, al1);
+      // O += P V for value dims [0, 256): P's k16 fragments are the score registers' layout.
+      wgmma_fence();
 #pragma unroll
-        for (int c = 0; c < 32; ++c) {
-          o[4 * c] *= al0;
-          o[4 * c + 1] *= al0;
-          o[4 * c + 2] *= al1;
-          o[4 * c + 3] *= al1;
-        }
+      for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+        const std::uint32_t p_kk[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0],
+                                       pf[2 * kk + 1][1]};
+        wgmma_m64n256_pv_rs(o, p_kk, gmma_desc(k_s + kk * 2048, kBlock, 1024));
       }
-      fence_proxy_async();
-      consumer_barrier();  // P of both warpgroups complete; xrow reads done
-
-      // --- O = alpha O + P V for value dims [256 g, 256 g + 256).
-      const std::uint32_t va = k_s + std::uint32_t(4 * g * kBlock);
+      wgmma_commit();
+      wgmma_wait_all();
+    };
+    // Warpgroup 1, one tile once barrier 3 has handed P and alpha_s over: O for dims [256, 512).
+    auto values_tile = [&](std::uint32_t k_s) {
+      rescale(alpha_s[r0], alpha_s[r1]);
+      const std::uint32_t va = k_s + std::uint32_t(4 * kBlock);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTileTokens / 16; ++kk)
@@ -3048,11 +3115,61 @@ __global__ void __launch_bounds__(
                          gmma_desc(va + kk * 2048, kBlock, 1024), 1);
       wgmma_commit();
       wgmma_wait_all();
-      if constexpr (!kFp8) mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
+    };
+    if constexpr (!kFp8) {
+      // Two stages handed over by the producer's copies. Warpgroup 0 writes P again only once
+      // warpgroup 1 is done with it (barrier 4, arrived at after each of its tiles), and hands
+      // the end of the split (count 0) over on barrier 3 like a P.
+      if (g == 0) {
+        for (int i = 0;; ++i) {
+          const int st = i & 1;
+          mbar_wait(&full[st], (i >> 1) & 1);
+          fence_proxy_async();  // the tile's copies, landed, for the tensor cores
+          const int n_tile = count_s[i % kSlotBufs];
+          if (i > 0) named_barrier(4, kConsumers);  // warpgroup 1 is done with P and alpha_s
+          if (n_tile == 0) {
+            named_barrier_arrive(3, kConsumers);  // the end, to warpgroup 1
+            break;
+          }
+          scores_tile(smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens);
+          mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
+        }
+      } else {
+        for (int i = 0;; ++i) {
+          const int st = i & 1;
+          named_barrier(3, kConsumers);  // P and alpha_s of tile i, or the end
+          if (count_s[i % kSlotBufs] == 0) break;
+          values_tile(smem_u32(stage(st)));
+          named_barrier_arrive(4, kConsumers);  // P and alpha_s are free
+          mbar_arrive(&empty[st]);
+        }
+      }
+    } else {
+      // fp8: one stage, converted by all 384 threads between two CTA-wide hand-overs: tile_begin
+      // (tile i's raw entries are in; every product of tile i - 1, P's reads included, is done)
+      // and tile_ready (the stage holds tile i; the raw stage is free for tile i + 1's copies).
+      for (int i = 0;; ++i) {
+        cta_handover(&full[0], i & 1);  // tile_begin
+        const int n_tile = count_s[i % kSlotBufs];
+        if (n_tile == 0) break;
+        if (kRawPath && a.cache_vector) {
+          mbar_wait(&full[2], i & 1);  // raw_full (one raw stage): a bulk copy has landed
+          dequant_tile(raw_s, stage(0), tid);
+        }
+        fence_proxy_async();
+        cta_handover(&empty[0], i & 1);                 // tile_ready
+        if (i == 0 && a.q_tma) mbar_wait(&full[1], 0);  // q_full: the query block is in
+        if (g == 0) {
+          scores_tile(smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens);
+        } else {
+          named_barrier(3, kConsumers);  // P and alpha_s of tile i
+          values_tile(smem_u32(stage(0)));
+        }
+      }
     }
 
-    // --- The state: o = acc / l with l the sum of the warpgroups' shares (warpgroup 0's first),
-    // lse = m + log(l); l == 0 (no token) is the neutral state.
+    // --- The state: o = acc / l with l warpgroup 0's row sum (plus warpgroup 1's 0), lse =
+    // m + log(l); l == 0 (no token) is the neutral state.
     // A split without tiles (a sparse row whose entries all belong to other splits) never waited
     // for the query's tensor copies: wait for them here, so that no CTA exits with a copy into
     // its shared memory in flight (after a tile the phase is complete and this returns at once).
