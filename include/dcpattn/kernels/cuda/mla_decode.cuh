@@ -1179,11 +1179,6 @@ DCPATTN_DEVICE int page_run_start(const int* slots, int n_tile) {
 DCPATTN_DEVICE void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-/// Arrival without waiting on hardware barrier `id` (1..15), whose other `count` - 32 x warps
-/// threads wait on it (named_barrier).
-DCPATTN_DEVICE void named_barrier_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 DCPATTN_DEVICE void consumer_barrier() {
   named_barrier(1, kConsumers);
 }
@@ -2589,6 +2584,9 @@ __global__ void __launch_bounds__(
         mbar_init(&full[8 + b], kConsumers / 2);   // pt_full: warpgroup 0 wrote P^T buffer b
         mbar_init(&full[10 + b], kConsumers / 2);  // pt_empty: warpgroup 1 is done with it
       }
+    } else {
+      mbar_init(&full[8], kConsumers / 2);  // p_full: warpgroup 0 wrote P and alpha_s (or the end)
+      mbar_init(&full[9], kConsumers / 2);  // p_empty: warpgroup 1 is done with them
     }
   }
   __syncthreads();  // barriers initialized (the last CTA-wide barrier)
@@ -2991,8 +2989,10 @@ __global__ void __launch_bounds__(
     // The two warpgroups take different roles (as FlashMLA's decoding kernels). Warpgroup 0
     // computes all of S = Q K^T (m64n64: the query block is read once a tile), the whole softmax
     // (no exchange of row maxima), and O = P V for value dims [0, 256) with P from its registers;
-    // it hands P and the rescale factors to warpgroup 1 through shared memory (named barrier 3),
-    // and warpgroup 1 computes O for value dims [256, 512) while warpgroup 0 goes on. Against
+    // it hands P and the rescale factors to warpgroup 1 through shared memory (mbarrier p_full),
+    // and warpgroup 1 computes O for value dims [256, 512) while warpgroup 0 goes on. (mbarriers,
+    // not bar.arrive / bar.sync: compute-sanitizer racecheck reported the named barriers' hand-
+    // over as races, the tool's limit with unequal barrier counts; see cta_handover.) Against
     // both warpgroups computing the scores of 32 tokens and exchanging row maxima (runs 3-22):
     // dense bf16 128 heads 64 x 32K 1197-1229 -> 1049-1052 us, 8 x 32K 176 -> 155-156, 1 x 32K
     // 38.8-39.2 -> 37.1-37.4 (docs/performance.md, run 23). Warpgroup 0 ends with the whole row
@@ -3010,6 +3010,8 @@ __global__ void __launch_bounds__(
     const std::uint32_t qa = smem_u32(q_s);
     const std::uint32_t pa = smem_u32(p_s);
     float* alpha_s = xrow;  // [64]: the rescale factors of the tile's P
+    std::uint64_t* p_full = full + 8;
+    std::uint64_t* p_empty = full + 9;
     auto rescale = [&](float al0, float al1) {
       // Rescaling by 1 changes nothing: skipped when no row of the warp moved its maximum.
       if (__any_sync(kFullMask, al0 != 1.0f || al1 != 1.0f)) {
@@ -3023,7 +3025,7 @@ __global__ void __launch_bounds__(
       }
     };
     // Warpgroup 0, one tile (K/V stage at k_s, its slots): the scores, the softmax, P and alpha_s
-    // handed to warpgroup 1 (barrier 3), O for dims [0, 256). Branch-free softmax: a masked score
+    // handed to warpgroup 1 (p_full), O for dims [0, 256). Branch-free softmax: a masked score
     // (-inf) gives expf(-inf) = 0 against a finite maximum; while nothing is valid (mn = -inf)
     // the maximum used is 0, so no -inf - -inf arises, and alpha is 0 against o = 0 and l = 0.
     auto scores_tile = [&](std::uint32_t k_s, const int* slots) {
@@ -3090,8 +3092,8 @@ __global__ void __launch_bounds__(
       l_1 = l_1 * al1 + sum1;
       m_0 = mn0;
       m_1 = mn1;
-      fence_proxy_async();                  // P, for warpgroup 1's tensor cores
-      named_barrier_arrive(3, kConsumers);  // P and alpha_s are in
+      fence_proxy_async();  // P, for warpgroup 1's tensor cores
+      mbar_arrive(p_full);  // P and alpha_s are in
       rescale(al0, al1);
       // O += P V for value dims [0, 256): P's k16 fragments are the score registers' layout.
       wgmma_fence();
@@ -3104,7 +3106,7 @@ __global__ void __launch_bounds__(
       wgmma_commit();
       wgmma_wait_all();
     };
-    // Warpgroup 1, one tile once barrier 3 has handed P and alpha_s over: O for dims [256, 512).
+    // Warpgroup 1, one tile once p_full has handed P and alpha_s over: O for dims [256, 512).
     auto values_tile = [&](std::uint32_t k_s) {
       rescale(alpha_s[r0], alpha_s[r1]);
       const std::uint32_t va = k_s + std::uint32_t(4 * kBlock);
@@ -3118,17 +3120,17 @@ __global__ void __launch_bounds__(
     };
     if constexpr (!kFp8) {
       // Two stages handed over by the producer's copies. Warpgroup 0 writes P again only once
-      // warpgroup 1 is done with it (barrier 4, arrived at after each of its tiles), and hands
-      // the end of the split (count 0) over on barrier 3 like a P.
+      // warpgroup 1 is done with it (p_empty, arrived on after each of its tiles), and hands the
+      // end of the split (count 0) over on p_full like a P.
       if (g == 0) {
         for (int i = 0;; ++i) {
           const int st = i & 1;
           mbar_wait(&full[st], (i >> 1) & 1);
           fence_proxy_async();  // the tile's copies, landed, for the tensor cores
           const int n_tile = count_s[i % kSlotBufs];
-          if (i > 0) named_barrier(4, kConsumers);  // warpgroup 1 is done with P and alpha_s
+          if (i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 1 is done with P and alpha_s
           if (n_tile == 0) {
-            named_barrier_arrive(3, kConsumers);  // the end, to warpgroup 1
+            mbar_arrive(p_full);  // the end, to warpgroup 1
             break;
           }
           scores_tile(smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens);
@@ -3137,10 +3139,10 @@ __global__ void __launch_bounds__(
       } else {
         for (int i = 0;; ++i) {
           const int st = i & 1;
-          named_barrier(3, kConsumers);  // P and alpha_s of tile i, or the end
+          mbar_wait(p_full, i & 1);  // P and alpha_s of tile i, or the end
           if (count_s[i % kSlotBufs] == 0) break;
           values_tile(smem_u32(stage(st)));
-          named_barrier_arrive(4, kConsumers);  // P and alpha_s are free
+          mbar_arrive(p_empty);  // P and alpha_s are free
           mbar_arrive(&empty[st]);
         }
       }
@@ -3162,7 +3164,7 @@ __global__ void __launch_bounds__(
         if (g == 0) {
           scores_tile(smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens);
         } else {
-          named_barrier(3, kConsumers);  // P and alpha_s of tile i
+          mbar_wait(p_full, i & 1);  // P and alpha_s of tile i
           values_tile(smem_u32(stage(0)));
         }
       }
