@@ -962,14 +962,15 @@ __global__ void __launch_bounds__(kMergeRowThreads)
 //     zero-filled for missing tokens, handed over by the copies' own mbarrier arrivals) while
 //     the current one is computed; fp8 cache: one stage of raw 656-byte entries copied with
 //     cp.async and handed over CTA-wide, dequantized into the single K/V stage;
-//   - S = Q K^T: warpgroup g computes the 64 heads x tokens [32 g, 32 g + 32) of the tile with
-//     wgmma m64n32k16 (36 k-steps in order, fp32 accumulators);
-//   - online softmax in registers (each thread holds 2 head rows x 8 tokens), the row maximum
-//     exchanged between the warpgroups through shared memory, exp/log as expf/logf; P rounded
-//     to bf16 into shared memory; each warpgroup keeps the row sum of its own 32 tokens, and
-//     the two sums are added (warpgroup 0's first) at the end;
+//   - S = Q K^T: warpgroup 0 computes the 64 heads x 64 tokens of the tile with wgmma m64n64k16
+//     (36 k-steps in order, fp32 accumulators);
+//   - online softmax in warpgroup 0's registers (each thread holds 2 head rows x 16 tokens),
+//     exp/log as expf/logf; P rounded to bf16, into shared memory for warpgroup 1 with each
+//     row's rescale factor (mbarriers p_full / p_empty); warpgroup 0 keeps the row sum;
 //   - O += P V: warpgroup g owns value dims [256 g, 256 g + 256) (wgmma m64n256k16, V read in
-//     place from the K/V tile as an MN-major operand; 128 fp32 accumulators per thread);
+//     place from the K/V tile as an MN-major operand; 128 fp32 accumulators per thread),
+//     warpgroup 0 with P from its registers, warpgroup 1 from shared memory, while warpgroup 0
+//     goes on to the next tile;
 //   - the state o = acc / l, lse = m + logf(l) goes to scratch or straight to o/lse as before.
 // Narrow kernel (H <= 16, one CTA per (row, split)): the same producer, a query block of 16 rows,
 // and the products transposed: S^T = K Q^T and O^T = V^T P^T with the 64 tokens as the wgmma M
@@ -1246,24 +1247,6 @@ DCPATTN_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-DCPATTN_DEVICE void wgmma_m64n32_qk([[maybe_unused]] float (&d)[16],
-                                    [[maybe_unused]] std::uint64_t desc_a,
-                                    [[maybe_unused]] std::uint64_t desc_b,
-                                    [[maybe_unused]] int accumulate) {
-#if defined(DCPATTN_MLA_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#else
-  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
-#endif
-}
 DCPATTN_DEVICE void wgmma_m64n64_qk([[maybe_unused]] float (&d)[32],
                                     [[maybe_unused]] std::uint64_t desc_a,
                                     [[maybe_unused]] std::uint64_t desc_b,
