@@ -1681,25 +1681,27 @@ DCPATTN_DEVICE void load_tile_raw_bytes(const CacheView& cache, const int* slot_
 }
 
 /// Dequantizes a tile's raw entries into the swizzled K/V stage, shared by all 384 threads of the
-/// CTA (thread `tid`): e4m3 code * group scale rounded to bf16 (the arithmetic of
-/// mla_split_kernel) for the latent part, a copy for the RoPE part; a zero-filled entry (no
-/// token) gives a zero row. Items 0..2047 are (token, 16-code chunk), items 2048..2559 (token,
-/// 8 RoPE values), token fastest: a quarter warp reads 8 entries 656 bytes apart and writes 8
-/// rows of distinct swizzle phases, so neither side has a bank conflict. Every warp's 32 items
-/// are of one kind.
+/// CTA (thread `tid`): the 256 consumer threads convert the latent part, e4m3 code * group scale
+/// rounded to bf16 (the arithmetic of mla_split_kernel), and the 128 producer threads copy the
+/// RoPE part (bf16 already); a zero-filled entry (no token) gives a zero row. Latent items
+/// 0..2047 are (token, 16-code chunk), RoPE items 0..511 (token, 8 values), token fastest: a
+/// quarter warp reads 8 entries 656 bytes apart and writes 8 rows of distinct swizzle phases, so
+/// neither side has a bank conflict. The conversions are throughput-bound (run 24: 1.1 us a
+/// tile, producer and consumers done together), and the producer, at 56 registers, converted its
+/// share with less overlap than the consumers: giving it only the copies is 4% faster at 64 x
+/// 32K than all 384 threads taking items of both kinds in turn (docs/performance.md, run 24).
 DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int tid) {
   constexpr int kLatentItems = kTileTokens * (DsMlaFp8Entry::latent_dim / 16);  // 2048
-  constexpr int kItems = kLatentItems + kTileTokens * (DsMlaFp8Entry::rope_dim / 8);  // 2560
-  static_assert(kLatentItems % 32 == 0, "dcpattn: a warp's items must be of one kind");
-  // Fully unrolled (7 predicated rounds): every round's shared-memory loads go out together.
-  // Against `unroll 2` on the H200: fp8, 16 heads, 128 x 32K 1829 -> 1680 us; sparse fp8 at
-  // 128 heads 334 -> 328 us; dense fp8 at 128 heads unchanged.
+  constexpr int kRopeItems = kTileTokens * (DsMlaFp8Entry::rope_dim / 8);       // 512
+  static_assert(kLatentItems % kConsumers == 0 && kRopeItems % kProducers == 0,
+                "dcpattn: whole rounds of items per role");
+  if (tid < kConsumers) {
+    // Fully unrolled (8 rounds): every round's shared-memory loads go out together.
 #pragma unroll
-  for (int item = tid; item < kItems; item += kThreads) {
-    const int tok = item & (kTileTokens - 1);
-    const unsigned char* e = raw_s + tok * kRawEntry;
-    if (item < kLatentItems) {
+    for (int item = tid; item < kLatentItems; item += kConsumers) {
+      const int tok = item & (kTileTokens - 1);
       const int cc = item >> 6;  // 16 codes: dims [16 cc, 16 cc + 16)
+      const unsigned char* e = raw_s + tok * kRawEntry;
       const uint4 raw = *reinterpret_cast<const uint4*>(e + cc * 16);
       const float scale = *reinterpret_cast<const float*>(
           e + DsMlaFp8Entry::scales_offset + 4 * (cc * 16 / DsMlaFp8Entry::group_size));
@@ -1722,10 +1724,14 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
           make_uint4(out[0], out[1], out[2], out[3]);
       *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * cc + 1)) =
           make_uint4(out[4], out[5], out[6], out[7]);
-    } else {
-      const int c = (item - kLatentItems) >> 6;  // RoPE values [8 c, 8 c + 8)
-      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 64 + c)) =
-          *reinterpret_cast<const uint4*>(e + DsMlaFp8Entry::rope_offset + c * 16);
+    }
+  } else {
+#pragma unroll
+    for (int item = tid - kConsumers; item < kRopeItems; item += kProducers) {
+      const int tok = item & (kTileTokens - 1);
+      const int c = item >> 6;  // RoPE values [8 c, 8 c + 8)
+      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 64 + c)) = *reinterpret_cast<const uint4*>(
+          raw_s + tok * kRawEntry + DsMlaFp8Entry::rope_offset + c * 16);
     }
   }
 }
@@ -2460,12 +2466,13 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///   fp8 (64 heads per CTA): one K/V stage (two bf16 stages, the query block and a raw stage do
 ///         not fit in 227 KiB) and one raw stage; the raw entries of tile i + 1 are copied while
 ///         tile i is computed.
-///         Between tiles all 384 threads dequantize the raw stage into the K/V stage, between two
+///         Between tiles all 384 threads fill the K/V stage from the raw stage (the consumers
+///         convert the latent part, the producer copies the RoPE part: dequant_tile), between two
 ///         CTA-wide hand-overs (cta_handover, mbarriers): `tile_begin` (the consumers' products
 ///         of tile i - 1 are done, the raw entries of tile i have landed and its count is
 ///         published) and `tile_ready` (the stage is complete and fenced; the raw stage is free).
-///         Sharing the conversion with the consumers, who would otherwise wait for it, makes it
-///         three times as wide as the producer warpgroup alone.
+///         The consumers would otherwise wait for the conversion, which the producer warpgroup
+///         alone would do at a third of the width.
 ///   fp8 (narrow): four warpgroups, the producer the last. Four raw stages handed over by full /
 ///         empty mbarriers, the full arrival made by the copies themselves
 ///         (cp.async.mbarrier.arrive); see narrow_fp8_consumers. kTableRing (dense, launched where
@@ -3114,7 +3121,7 @@ __global__ void __launch_bounds__(
         }
       }
     } else {
-      // fp8: one stage, converted by all 384 threads between two CTA-wide hand-overs: tile_begin
+      // fp8: one stage, filled by all 384 threads between two CTA-wide hand-overs: tile_begin
       // (tile i's raw entries are in; every product of tile i - 1, P's reads included, is done)
       // and tile_ready (the stage holds tile i; the raw stage is free for tile i + 1's copies).
       for (int i = 0;; ++i) {
