@@ -1686,10 +1686,9 @@ DCPATTN_DEVICE void load_tile_raw_bytes(const CacheView& cache, const int* slot_
 /// RoPE part (bf16 already); a zero-filled entry (no token) gives a zero row. Latent items
 /// 0..2047 are (token, 16-code chunk), RoPE items 0..511 (token, 8 values), token fastest: a
 /// quarter warp reads 8 entries 656 bytes apart and writes 8 rows of distinct swizzle phases, so
-/// neither side has a bank conflict. The conversions are throughput-bound (run 24: 1.1 us a
-/// tile, producer and consumers done together), and the producer, at 56 registers, converted its
-/// share with less overlap than the consumers: giving it only the copies is 4% faster at 64 x
-/// 32K than all 384 threads taking items of both kinds in turn (docs/performance.md, run 24).
+/// neither side has a bank conflict. Against all 384 threads taking items of both kinds in turn:
+/// dense fp8 128 heads 64 x 32K 1644-1657 -> 1581-1595 us, sparse 253-255 -> 247-248, batch 1
+/// within 1% (docs/performance.md, run 24; the consumers alone doing both kinds: slower).
 DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int tid) {
   constexpr int kLatentItems = kTileTokens * (DsMlaFp8Entry::latent_dim / 16);  // 2048
   constexpr int kRopeItems = kTileTokens * (DsMlaFp8Entry::rope_dim / 8);       // 512
