@@ -1586,6 +1586,122 @@ TEST_CASE("CUDA split-state merge of 2 to 64 states matches the host tree merge"
   }
 }
 
+namespace {
+
+// `count` stacked states of values V (fp32, or bf16 bits) merged by the kernel that takes one
+// value dim a thread (mla_merge_kernel, launched directly), or as the launcher runs them
+// (launch_merge: 2, 4 and 8 states by mla_merge_row_kernel, four dims a thread).
+template <class V>
+Out gpu_merge_stacked(const std::vector<V>& o, const std::vector<float>& lse, int count,
+                      std::int64_t T, std::int64_t H, int num_valid, bool per_dim) {
+  namespace mla = dcpattn::cuda_kernels::detail::mla;
+  DeviceBuffer<V> so(o);
+  DeviceBuffer<float> sl(lse);
+  DeviceBuffer<float> mo(std::size_t(T * H * kDv)), ml(std::size_t(T * H));
+  mo.poison();
+  ml.poison();
+  const auto ov = dcpattn::make_view(mo.get(), {T, H, std::int64_t(kDv)});
+  const auto lv = dcpattn::make_view(ml.get(), {T, H});
+  if (per_dim) {
+    const dim3 grid(unsigned(T * H));
+    const auto run = [&](auto kernel) {
+      kernel<<<grid, kDv>>>(so.get(), sl.get(), T, int(H), num_valid, ov, lv);
+    };
+    switch (count) {
+      case 2:
+        run(mla::mla_merge_kernel<2, V>);
+        break;
+      case 4:
+        run(mla::mla_merge_kernel<4, V>);
+        break;
+      default:
+        REQUIRE(count == 8);
+        run(mla::mla_merge_kernel<8, V>);
+    }
+  } else {
+    mla::launch_merge(reinterpret_cast<const float*>(so.get()), sl.get(), count, T, int(H),
+                      num_valid, ov, lv, nullptr, false, sizeof(V) == 2);
+  }
+  sync_and_check();
+  return Out{T, H, mo.download(), ml.download()};
+}
+
+}  // namespace
+
+TEST_CASE("CUDA split merge: bf16 states as the host tree merge; both kernels give the same bits",
+          "[cuda][mla][merge]") {
+  // Fast mode's bf16 split states, merged as the launcher runs them for 2 to 64 states, against
+  // dcpattn::tree_merge on the host over the same bf16 values (close, not bitwise: libm exp/log);
+  // and for 2, 4 and 8 states, where the launcher takes the row kernel (four dims a thread), that
+  // kernel against the one-dim-a-thread kernel, which must give the same bits, fp32 and bf16. With
+  // empty states, a weight that underflows to 0 (its state's values NaN, never read), a row with
+  // every state empty, and a padding row.
+  std::mt19937_64 rng(24);
+  const std::int64_t T = 3, H = 5;
+  const int num_valid = 2;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::uniform_real_distribution<float> uo(-2.0f, 2.0f), ul(-6.0f, 6.0f);
+  for (int S : {2, 4, 8, 16, 32, 64}) {
+    CAPTURE(S);
+    const std::size_t n_o = std::size_t(S * T * H * kDv), n_l = std::size_t(S * T * H);
+    std::vector<float> o(n_o), lse(n_l);
+    for (float& x : o) x = uo(rng);
+    for (float& x : lse) x = ul(rng);
+    const auto row_of = [&](int k, std::int64_t r) {
+      return std::size_t(k) * std::size_t(T * H) + std::size_t(r);
+    };
+    for (int k = 0; k < S; ++k) {
+      if (k % 3 == 1) {  // an empty state in a varying row
+        const std::size_t r = row_of(k, k % (T * H));
+        lse[r] = -kInf;
+        std::fill_n(o.begin() + std::ptrdiff_t(r * kDv), kDv, 0.0f);
+      }
+      const std::size_t all_empty = row_of(k, H + 1);  // row (1, 1): every state empty
+      lse[all_empty] = -kInf;
+      std::fill_n(o.begin() + std::ptrdiff_t(all_empty * kDv), kDv, 0.0f);
+    }
+    {  // row (0, 4): the last state's weight underflows to 0; its values, NaN, must not be read
+      const std::size_t r = row_of(S - 1, 4);
+      lse[r] = -300.0f;
+      std::fill_n(o.begin() + std::ptrdiff_t(r * kDv), kDv,
+                  std::numeric_limits<float>::quiet_NaN());
+    }
+    std::vector<std::uint16_t> o16(n_o);
+    std::vector<float> o16f(n_o);  // the bf16 values as floats, for the host merge
+    for (std::size_t i = 0; i < n_o; ++i) {
+      o16[i] = bfloat16::from_float(o[i]).bits;
+      o16f[i] = bfloat16{o16[i]}.to_float();
+    }
+    const Out b16 = gpu_merge_stacked(o16, lse, S, T, H, num_valid, false);
+    std::vector<Out> states;  // the bf16 values as S separate states, for host_merge_ranks
+    for (int k = 0; k < S; ++k)
+      states.push_back(
+          Out{T, H,
+              std::vector<float>(o16f.begin() + std::ptrdiff_t(row_of(k, 0) * kDv),
+                                 o16f.begin() + std::ptrdiff_t(row_of(k + 1, 0) * kDv)),
+              std::vector<float>(lse.begin() + std::ptrdiff_t(row_of(k, 0)),
+                                 lse.begin() + std::ptrdiff_t(row_of(k + 1, 0)))});
+    check_host_merge_close(host_merge_ranks(states), b16, num_valid);
+    std::vector<Out> merged{b16};
+    if (S <= 8) {
+      const Out f32 = gpu_merge_stacked(o, lse, S, T, H, num_valid, false);
+      CHECK(bitwise_equal(f32, gpu_merge_stacked(o, lse, S, T, H, num_valid, true)));
+      CHECK(bitwise_equal(b16, gpu_merge_stacked(o16, lse, S, T, H, num_valid, true)));
+      merged.push_back(f32);
+    }
+    for (const Out& m : merged) {
+      CHECK(
+          std::all_of(m.o_at(0, 4), m.o_at(0, 4) + kDv, [](float x) { return std::isfinite(x); }));
+      CHECK(m.lse_at(1, 1) == -kInf);  // every state empty: the neutral state
+      CHECK(std::all_of(m.o_at(1, 1), m.o_at(1, 1) + kDv, [](float x) { return x == 0.0f; }));
+      for (std::int64_t h = 0; h < H; ++h) {  // the padding row
+        CHECK(m.lse_at(2, h) == -kInf);
+        CHECK(std::all_of(m.o_at(2, h), m.o_at(2, h) + kDv, [](float x) { return x == 0.0f; }));
+      }
+    }
+  }
+}
+
 TEST_CASE("CUDA MLA decode replays bitwise from a captured CUDA graph", "[cuda][mla][graph]") {
   const bool mma_sync = GENERATE(false, true);
   const KernelChoice kernel_choice(mma_sync);
