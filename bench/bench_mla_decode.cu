@@ -11,6 +11,8 @@
 // {1, 8, 64, 128}, bf16 and fp8.
 // Splits: mla_decode_fast_splits (fast mode: the most local splits that run in one wave;
 // DCPATTN_BENCH_SPLITS=S forces S); the merge of the split states is part of the timed call.
+// Sparse splits take runs of the top-k list, as in fast mode (MlaDecodeParams::split_topk_list;
+// DCPATTN_BENCH_POSITION_SPLITS=1: splits of positions, as in deterministic mode).
 //
 // FLOPs counted: 2 * H * n * (576 + 512) per row (QK^T and PV, n attended tokens). Bytes counted:
 // the minimum any implementation moves: each attended cache entry once (1152 B bf16, 656 B fp8),
@@ -164,6 +166,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   p.bf16_split_states = std::getenv("DCPATTN_BENCH_BF16_STATES") != nullptr;
   p.num_splits = dcpattn::cuda_kernels::mla_decode_fast_splits(B, H, attended, sm_count);
   if (const char* forced = std::getenv("DCPATTN_BENCH_SPLITS")) p.num_splits = std::atoi(forced);
+  // Sparse: each split scans its run of the top-k list, as DcpAttention's fast mode;
+  // DCPATTN_BENCH_POSITION_SPLITS=1 gives deterministic mode's splits of positions instead.
+  p.split_topk_list = c.sparse && std::getenv("DCPATTN_BENCH_POSITION_SPLITS") == nullptr;
   const bool bf16_states = dcpattn::cuda_kernels::detail::mla::bf16_states_taken(
       p, H, dcpattn::cuda_kernels::detail::mla::use_wgmma_kernel());
   const std::size_t scratch_bytes =
@@ -232,11 +237,12 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const double gbs_behind = bytes / (behind_us * 1e3);
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
-      "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us%s\n",
+      "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us%s%s\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
       flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us,
-      bf16_states ? "  (bf16 split states)" : "");
+      bf16_states ? "  (bf16 split states)" : "",
+      c.sparse && p.num_splits > 1 && !p.split_topk_list ? "  (splits of positions)" : "");
   std::fflush(stdout);
   json.begin()
       .field("kernel", c.sparse ? "sparse" : "dense")
@@ -249,6 +255,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("split_states", bf16_states ? "bf16" : "fp32")
       .field("num_splits", p.num_splits)
       .field("interleave", p.interleave)
+      .field("splits_of", !c.sparse           ? "positions"
+                          : p.split_topk_list ? "list"
+                                              : "positions")
       .field("flush", write_flush ? "write" : "read")
       .field("median_us", us)
       .field("graph_us", graph_us)

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -357,4 +358,28 @@ TEST_CASE("round robin: 64-bit positions", "[ownership]") {
   std::int64_t sum = 0;
   for (int q = 0; q < 8; ++q) sum += own.local_length(t, q);
   CHECK(sum == t);
+}
+
+TEST_CASE("round robin: the 32-bit and 64-bit arithmetic agree across 2^31", "[ownership]") {
+  // owner and local_position divide in 32 bits below 2^31 and in 64 bits above: both sides of
+  // the boundary against the closed forms of the header, in 64 bits here, for groups whose
+  // N I is small, near 2^31 and past it.
+  const std::int64_t edge = std::int64_t(1) << 31;
+  int checked = 0;
+  for (const auto [n, i] :
+       {std::pair{1, 1}, std::pair{3, 5}, std::pair{8, 64}, std::pair{2, 1 << 30},
+        std::pair{3, 1 << 30}, std::pair{7, 2147483647}}) {
+    const RoundRobinOwnership own(n, i);
+    const std::int64_t span = std::int64_t(n) * i;
+    for (std::int64_t t :
+         {std::int64_t(0), std::int64_t(i) - 1, std::int64_t(i), span - 1, span, edge - 2, edge - 1,
+          edge, edge + 1, 3 * edge + 7, (std::int64_t(1) << 40) + 99}) {
+      if (t < 0) continue;
+      CAPTURE(n, i, t);
+      CHECK(own.owner(t) == int((t / i) % n));
+      CHECK(own.local_position(t) == (t / span) * i + t % i);
+      ++checked;
+    }
+  }
+  CHECK(checked >= 60);
 }

@@ -50,7 +50,28 @@ struct MlaDecodeParams {
   /// kernels) it changes nothing; at 16 heads the bf16 writes were slower (docs/performance.md,
   /// run 21). H200, dense bf16 1 x 32K, 128 heads: 39.2 -> 36.2 us.
   bool bf16_split_states = false;
+  /// Sparse, fast mode (DcpAttention sets it there): split j of a row takes the entries of the
+  /// row's top-k list in mla_list_range(K, j, S) (the j-th of S runs of ceil(K / S) entries),
+  /// instead of the positions p with (p / I) mod S == j. Each split then scans K / S entries of
+  /// the list instead of all K: at small batch the scan, not the products, bounded a split
+  /// (H200, sparse bf16 top-2048, 128 heads, batch 1: docs/performance.md, run 25). The row's
+  /// state is the same up to rounding. Not for deterministic mode, where split j is a virtual
+  /// shard (the numerical contract). The dense kernels ignore it.
+  bool split_topk_list = false;
 };
+
+/// Entries [begin, end) of a top-k list of `k` entries that split j of `num_splits` scans under
+/// MlaDecodeParams::split_topk_list: runs of ceil(k / S), the last ones shorter or empty.
+struct MlaListRange {
+  std::int64_t begin;
+  std::int64_t end;
+};
+constexpr DCPATTN_HOST_DEVICE MlaListRange mla_list_range(std::int64_t k, int j,
+                                                          int num_splits) noexcept {
+  const std::int64_t chunk = (k + num_splits - 1) / num_splits;
+  const std::int64_t begin = std::int64_t(j) * chunk < k ? std::int64_t(j) * chunk : k;
+  return {begin, begin + chunk < k ? begin + chunk : k};
+}
 
 /// Number of tokens of split j among the first `local_length` local positions.
 constexpr DCPATTN_HOST_DEVICE std::int64_t mla_split_length(std::int64_t local_length, int j,
@@ -129,6 +150,8 @@ void validate_mla_sparse_extents(const QView& q, TensorView<const std::int32_t, 
   DCPATTN_REQUIRE(topk.extent(0) == q.extent(0), "topk_indices has " + s(topk.extent(0)) +
                                                      " rows, but q has " + s(q.extent(0)) +
                                                      " tokens");
+  DCPATTN_REQUIRE(topk.extent(1) <= (std::int64_t(1) << 30),
+                  "topk_indices has " + s(topk.extent(1)) + " entries a row; at most 2^30");
   DCPATTN_REQUIRE(row_bound.extent(0) == q.extent(0), "row_bound has " + s(row_bound.extent(0)) +
                                                           " rows, but q has " + s(q.extent(0)) +
                                                           " tokens");

@@ -206,6 +206,8 @@ class DcpAttention {
     p.error_flags = reinterpret_cast<std::uint32_t*>(base + w.errors);
     // bf16 partials (fast mode only, checked above): the kernel's split states too.
     p.bf16_split_states = c.partial_dtype == PartialDtype::bf16;
+    // Fast mode, sparse: each split scans its run of the top-k list, not all of it.
+    p.split_topk_list = Kernel::is_sparse && c.mode == DcpMode::fast;
     exec_.clear_input_errors(p.error_flags, stream);
     const cuda::std::span<std::byte> attention_scratch(base + w.attention, w.attention_bytes);
     // The attention stage sits between two collectives and can throw on data (the host kernels

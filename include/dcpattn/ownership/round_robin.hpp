@@ -33,11 +33,22 @@ class RoundRobinOwnership {
   constexpr DCPATTN_HOST_DEVICE int interleave() const noexcept { return i_; }
   constexpr DCPATTN_HOST_DEVICE int num_virtual_shards() const noexcept { return v_; }
 
+  // owner and local_position divide in 32 bits where every operand fits (the same values): on a
+  // GPU a 64-bit division is a long subroutine, and the sparse kernels call these for every top-k
+  // entry they scan.
   constexpr DCPATTN_HOST_DEVICE int owner(std::int64_t t) const noexcept {
+    if (t >= 0 && t <= kMax32)
+      return int((std::uint32_t(t) / std::uint32_t(i_)) % std::uint32_t(n_));
     return int((t / i_) % n_);
   }
   constexpr DCPATTN_HOST_DEVICE std::int64_t local_position(std::int64_t t) const noexcept {
-    return (t / (std::int64_t(n_) * i_)) * i_ + t % i_;
+    const std::int64_t span = std::int64_t(n_) * i_;
+    if (t >= 0 && t <= kMax32) {
+      const std::uint32_t u = std::uint32_t(t), i = std::uint32_t(i_);
+      const std::uint32_t blocks = span > kMax32 ? 0u : u / std::uint32_t(span);  // t < span
+      return std::int64_t(blocks * i + u % i);
+    }
+    return (t / span) * i_ + t % i_;
   }
   constexpr DCPATTN_HOST_DEVICE std::int64_t global_position(std::int64_t p,
                                                              int rank) const noexcept {
@@ -88,6 +99,8 @@ class RoundRobinOwnership {
                                    const RoundRobinOwnership&) = default;
 
  private:
+  static constexpr std::int64_t kMax32 = 0x7fffffff;  // operands below this divide in 32 bits
+
   constexpr DCPATTN_HOST_DEVICE std::int64_t group_local_length(std::int64_t len, int r,
                                                                 int n) const noexcept {
     const std::int64_t span = std::int64_t(n) * i_;

@@ -1008,10 +1008,15 @@ TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision a
           const RoundRobinOwnership own1(1, interleave, kVirtualShards);
           const RankCache c1 = build_rank_cache(dc.batch, own1, 0, page_size, format, rng);
           const DeviceCache d1(c1);
-          for (int num_splits : {1, 2, 8}) {
+          // Splits of positions (deterministic mode), and runs of the list (fast mode's
+          // split_topk_list; 64 splits: runs of 10 entries, one tile's worth or less).
+          for (const auto [num_splits, list_splits] :
+               {std::pair{1, false}, std::pair{2, false}, std::pair{8, false}, std::pair{8, true},
+                std::pair{64, true}}) {
             if (H > 16 && num_splits == 2) continue;
-            CAPTURE(format_name(format), H, page_size, interleave, num_splits);
-            const MlaDecodeParams p = params(page_size, interleave, num_splits, dc.rows.num_valid);
+            CAPTURE(format_name(format), H, page_size, interleave, num_splits, list_splits);
+            MlaDecodeParams p = params(page_size, interleave, num_splits, dc.rows.num_valid);
+            p.split_topk_list = list_splits;
             const Out g = gpu_sparse(q, d1, drows, dtopk, K, own1, 0, p);
             const Out h = host_sparse(q, c1, dc.rows, topk, K, own1, 0, p);
             check_call(g, h, dc.rows.num_valid, ref, vs_host, vs_ref);
@@ -1844,12 +1849,12 @@ TEST_CASE("CUDA MLA decode refuses bad arguments before launching", "[cuda][mla]
   sync_and_check();
 }
 
-TEST_CASE("mla_decode_fast_splits: the most splits that run in one wave, none under 256 tokens",
+TEST_CASE("mla_decode_fast_splits: the most splits that run in one wave, none under 128 tokens",
           "[cuda][mla][splits]") {
   using dcpattn::cuda_kernels::mla_decode_fast_splits;
   for (std::int64_t tokens : {0, 1, 3, 8, 64, 128, 1000})
     for (int heads : {1, 16, 64, 128, 256})
-      for (std::int64_t attended : {0, 100, 511, 512, 4096, 131072})
+      for (std::int64_t attended : {0, 100, 255, 256, 511, 512, 2048, 4096, 131072})
         for (int sms : {1, 78, 132}) {
           const int s = mla_decode_fast_splits(tokens, heads, attended, sms);
           CAPTURE(tokens, heads, attended, sms, s);
@@ -1857,15 +1862,17 @@ TEST_CASE("mla_decode_fast_splits: the most splits that run in one wave, none un
           const std::int64_t blocks = tokens * ((heads + 63) / 64);
           if (s > 1) {
             CHECK(blocks * s <= sms);       // one wave of CTAs
-            CHECK(attended >= s * 256LL);   // no split under 256 tokens
+            CHECK(attended >= s * 128LL);   // no split under 128 tokens
           }
-          // One more doubling would pass a wave, cut splits under 256 tokens, or pass the limit.
-          CHECK((blocks * 2 * s > sms || attended < 2LL * s * 256 || s == 64));
+          // One more doubling would pass a wave, cut splits under 128 tokens, or pass the limit.
+          CHECK((blocks * 2 * s > sms || attended < 2LL * s * 128 || s == 64));
         }
   CHECK(mla_decode_fast_splits(1, 128, 32768, 132) == 64);  // 128 CTAs
   CHECK(mla_decode_fast_splits(8, 128, 32768, 132) == 8);   // 128 CTAs, not 256
   CHECK(mla_decode_fast_splits(64, 128, 32768, 132) == 1);  // 128 CTAs
   CHECK(mla_decode_fast_splits(8, 16, 32768, 132) == 16);   // 128 CTAs
+  CHECK(mla_decode_fast_splits(1, 128, 4096, 132) == 32);   // splits of 128 tokens
+  CHECK(mla_decode_fast_splits(1, 128, 2048, 132) == 16);   // a top-2048 list in runs of 128
   CHECK_THROWS_AS(mla_decode_fast_splits(1, 0, 100, 132), dcpattn::Error);
   CHECK_THROWS_AS(mla_decode_fast_splits(-1, 16, 100, 132), dcpattn::Error);
 }

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -545,10 +546,15 @@ TEST_CASE("sparse MLA decode matches plain double attention over the listed posi
         for (int interleave : {1, 16}) {
           const RoundRobinOwnership own1(1, interleave, kVirtualShards);
           const RankCache c1 = build_rank_cache(dc.batch, own1, 0, page_size, format, rng);
-          for (int num_splits : {1, 2, 8}) {
-            CAPTURE(int(format), H, page_size, interleave, num_splits);
-            const States s = run_sparse(c1, q, dc.rows, topk, K, own1, 0,
-                                        params(c1, interleave, num_splits, dc.rows.num_valid));
+          // Splits of positions (deterministic mode), and runs of the list (fast mode's
+          // split_topk_list; 64 splits give runs of one entry, most of them empty past K).
+          for (const auto [num_splits, list_splits] :
+               {std::pair{1, false}, std::pair{2, false}, std::pair{8, false}, std::pair{2, true},
+                std::pair{8, true}, std::pair{64, true}}) {
+            CAPTURE(int(format), H, page_size, interleave, num_splits, list_splits);
+            MlaDecodeParams p = params(c1, interleave, num_splits, dc.rows.num_valid);
+            p.split_topk_list = list_splits;
+            const States s = run_sparse(c1, q, dc.rows, topk, K, own1, 0, p);
             for (std::int64_t t = 0; t < dc.rows.num_valid; ++t)
               check_row(s, t,
                         reference_row(c1, q, t, dc.rows.request[std::size_t(t)],

@@ -123,6 +123,7 @@ inline constexpr int kPStride = kTileTokens + 8;  // bf16 probabilities (144 byt
 inline constexpr int kRingSize = 512;
 /// Largest num_splits (the merge keeps the split lse values in a per-thread array).
 inline constexpr int kMaxSplits = 64;
+inline constexpr int kMinSplitTokens = 128;  // mla_decode_fast_splits: the fewest a split gets
 /// Value dims per lane of the merge kernel (a warp covers one (row, head)).
 
 static_assert(kMlaQkDim % 16 == 0 && kMlaVDim % 16 == 0, "dcpattn: MLA dims are k16 multiples");
@@ -214,6 +215,12 @@ struct SplitArgs {
   /// The split states' values in bf16 (state_row_bf16; the lse stays fp32): bf16_states_taken,
   /// set by fill_common; the merge kernels then read bf16.
   bool bf16_states;
+  /// Sparse: split j scans entries mla_list_range(K, j, S) of the row's list and takes every one
+  /// of them this rank owns (MlaDecodeParams::split_topk_list, with S > 1).
+  bool split_list;
+  /// Sparse, the warpgroup kernels: split j takes a position p where ((p / I) xor j) & split_mask
+  /// is 0: S - 1 ((p / I) mod S == j), or 0 with split_list (every position).
+  std::uint32_t split_mask;
 };
 
 /// The second parameter of the warpgroup kernel. With kOn (the dense bf16 kernels, 64 heads or
@@ -579,7 +586,14 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
     bound = a.row_bound(t);
     if (req_ok && bound > 0) list = a.topk.extent(1);
   }
-  const bool any_work = kSparse ? list > 0 : n > 0;
+  // Sparse: the list entries [list_begin, list) this split scans.
+  std::int64_t list_begin = 0;
+  if (kSparse && a.split_list && list > 0) {
+    const MlaListRange r = mla_list_range(list, j, S);
+    list_begin = r.begin;
+    list = r.end;
+  }
+  const bool any_work = kSparse ? list > list_begin : n > 0;
   if (any_work) load_q_block<HT>(a.q, t, h0, a.heads, q_s, tid);
 
   // Softmax state of head row sm_row, replicated in its 4 threads.
@@ -595,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
     for (int e = 0; e < 4; ++e) oacc[nt][e] = 0.0f;
 
   [[maybe_unused]] std::int64_t k0 = 0;  // dense: first split token of the tile
-  [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
+  [[maybe_unused]] std::int64_t cursor = list_begin, head = 0, tail = 0;  // sparse: scan, ring
   while (any_work) {
     // --- Slots of the tile's split tokens (-1: no token / skipped).
     int n_tile;
@@ -620,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, HT == 4 ? 1 : 2)
             atomicOr(a.error_flags, input_error_topk);
           if (g >= 0 && g < bound && int(a.own.owner(g)) == a.rank) {
             const std::int64_t pos = std::int64_t(a.own.local_position(g));
-            if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j)
+            if (pos >= 0 && (a.split_list || mla_split_of(pos, S, a.interleave) == j))
               slot = checked_slot(a, req, pos);
           }
         }
@@ -2577,21 +2591,30 @@ __global__ void __launch_bounds__(
     std::int64_t n = 0;                       // dense: tokens of this split
     [[maybe_unused]] bool pos32 = false;      // dense: every local position is below 2^31
     [[maybe_unused]] std::int64_t bound = 0;  // sparse: the row's global causal bound
-    std::int64_t list = 0;                    // sparse: top-k entries to scan
+    // Sparse: top-k entries to scan; the scan counts in 32 bits (validate_mla_sparse_extents
+    // bounds K), which keeps the producer within its registers.
+    int list = 0;
     if constexpr (!kSparse) {
       const std::int64_t len = a.row_local_length(t);
       if (req_ok && len > 0) n = mla_split_length(len, j, S, a.interleave);
       pos32 = len < (std::int64_t(1) << 31);
     } else {
       bound = a.row_bound(t);
-      if (req_ok && bound > 0) list = a.topk.extent(1);
+      if (req_ok && bound > 0) list = int(a.topk.extent(1));
+    }
+    // Sparse: the list entries [list_begin, list) this split scans.
+    int list_begin = 0;
+    if (kSparse && a.split_list && list > 0) {
+      const MlaListRange r = mla_list_range(list, j, S);
+      list_begin = int(r.begin);
+      list = int(r.end);
     }
     // Sparse: the list scan's pipeline (next_tile). list_entry reads entry idx of the row's list
     // (-1 past its end); read_page checks an entry (flagging one out of range) and, when it is
     // this split's, reads its page id into pipe_page (-1 otherwise) and its offset into pipe_off.
-    [[maybe_unused]] std::int64_t pipe_cursor = -1;  // the round whose pages are in pipe_page
+    [[maybe_unused]] int pipe_cursor = -1;  // the round whose pages are in pipe_page
     [[maybe_unused]] std::int32_t pipe_gpos = -1, pipe_page = -1, pipe_off = 0;
-    [[maybe_unused]] auto list_entry = [&](std::int64_t idx) -> std::int32_t {
+    [[maybe_unused]] auto list_entry = [&](int idx) -> std::int32_t {
       if constexpr (kSparse) return idx < list ? a.topk(t, idx) : -1;
       return -1;
     };
@@ -2602,20 +2625,29 @@ __global__ void __launch_bounds__(
         pipe_page = -1;
         if (gpos >= 0 && gpos < bound && int(a.own.owner(gpos)) == a.rank) {
           const std::int64_t pos = std::int64_t(a.own.local_position(gpos));
-          if (pos >= 0 && mla_split_of(pos, S, a.interleave) == j) {
-            const std::int64_t page_index = pos / a.page_size;
-            if (page_index < a.block_table.extent(1)) {
-              pipe_off = std::int32_t(pos - page_index * a.page_size);
-              pipe_page = a.block_table(std::int64_t(req), page_index);
+          // In 32-bit arithmetic: a 64-bit division is a long subroutine, and the scan runs
+          // these for every list entry in every split (docs/performance.md, run 25). A position
+          // past 2^31 - 1 is past the block table (sparse_splits checks that the table's pages
+          // end below 2^31), skipped as every position past it is.
+          std::int64_t page_index = -1;
+          if (pos >= 0 && pos <= std::int64_t(INT32_MAX)) {
+            const std::uint32_t p32 = std::uint32_t(pos);
+            const std::uint32_t ps = std::uint32_t(a.page_size);
+            if ((((p32 / std::uint32_t(a.interleave)) ^ std::uint32_t(j)) & a.split_mask) == 0) {
+              const std::uint32_t pi = p32 / ps;
+              page_index = pi;
+              pipe_off = std::int32_t(p32 - pi * ps);
             }
           }
+          if (page_index >= 0 && page_index < a.block_table.extent(1))
+            pipe_page = a.block_table(std::int64_t(req), page_index);
         }
       }
     };
     // Slots of the next tile's split tokens into slot buffer sb (-1: no token / skipped) and its
     // token count; returns the count (0: the split is done). Uniform over the producer.
     [[maybe_unused]] std::int64_t k0 = 0;                          // dense: next split token
-    [[maybe_unused]] std::int64_t cursor = 0, head = 0, tail = 0;  // sparse: list scan and ring
+    [[maybe_unused]] int cursor = list_begin, head = 0, tail = 0;  // sparse: list scan and ring
     // Dense: the page id and the offset in the page of split token k0 + ptid of the tile at
     // ahead_k0, read ahead (read_ahead) so that the block-table read is in flight while the
     // producer waits and copies; in 32-bit arithmetic when every position fits (pos32).
@@ -2739,7 +2771,7 @@ __global__ void __launch_bounds__(
       return n_tile;
     };
 
-    const bool any_work = kSparse ? list > 0 : n > 0;
+    const bool any_work = kSparse ? list > list_begin : n > 0;
     if constexpr (kFp8 && !L::reg_a) {
       // The 64-head fp8 kernel's producer copies the query block, first: the copies do not wait
       // on the block table. (Its consumers copying it instead made every tile about 10% slower.)
@@ -3593,12 +3625,15 @@ inline std::size_t mla_decode_scratch_bytes(std::int64_t max_tokens, int heads, 
 /// Fast mode's split count: the largest power of two S (at most 64) for which `tokens` rows of
 /// `heads` heads still run in one wave on `sm_count` multiprocessors (T x head blocks x S CTAs,
 /// one CTA per multiprocessor), without cutting a row's `attended` local tokens (its longest
-/// local length, or its top-k count) into splits of fewer than 256 tokens (4 tiles); 1 when the
+/// local length, or its top-k count) into splits of fewer than 128 tokens (2 tiles); 1 when the
 /// rows alone fill the GPU. One wave, not the first S that fills it: a second, nearly full wave
 /// of CTAs half as long costs the same time plus twice the split states to write and merge (and,
-/// sparse, twice the top-k scans); on the H200 at 32K tokens the rule is worth 269 -> 315
-/// TFLOP/s at batch 8 and 128 heads. Deterministic mode must not use this: there S = V / N is
-/// part of the numerical contract (see the file comment).
+/// sparse with splits of positions, twice the top-k scans); on the H200 at 32K tokens the rule is
+/// worth 269 -> 315 TFLOP/s at batch 8 and 128 heads. The minimum of 128 tokens (256 before run
+/// 25): H200, 128 heads, batch 1, fp32 split states: dense bf16 4K 23.9 -> 20.2 us (S = 16 ->
+/// 32; 22.1 at S = 64), sparse bf16 top-2048 with list splits 26.5 -> 20.3 (S = 8 -> 16).
+/// Deterministic mode must not use this: there S = V / N is part of the numerical contract (see
+/// the file comment).
 inline int mla_decode_fast_splits(std::int64_t tokens, int heads, std::int64_t attended,
                                   int sm_count) {
   DCPATTN_REQUIRE(tokens >= 0 && heads >= 1 && attended >= 0 && sm_count >= 1,
@@ -3606,7 +3641,7 @@ inline int mla_decode_fast_splits(std::int64_t tokens, int heads, std::int64_t a
   const std::int64_t head_blocks = (heads + 63) / 64;  // one CTA (of one per SM) per 64 heads
   int s = 1;
   while (s < detail::mla::kMaxSplits && tokens * head_blocks * (2 * s) <= sm_count &&
-         attended >= std::int64_t(2 * s) * 256)
+         attended >= std::int64_t(2 * s) * detail::mla::kMinSplitTokens)
     s *= 2;
   return s;
 }
@@ -3702,6 +3737,15 @@ bool sparse_splits(const QView& q, const CacheView& cache,
   a.row_bound = row_bound;
   a.own = own;
   a.rank = rank;
+  a.split_list = p.split_topk_list && p.num_splits > 1;
+  a.split_mask = a.split_list ? 0u : std::uint32_t(p.num_splits - 1);
+  // The kernels compute a local position's page in 32 bits (mla_wg_kernel's read_page).
+  DCPATTN_REQUIRE(block_table.extent(1) <= std::int64_t(INT32_MAX) / p.page_size,
+                  "block_table has " + std::to_string(block_table.extent(1)) +
+                      " pages a request; the CUDA sparse kernels address at most 2^31 - 1 local "
+                      "positions (" +
+                      std::to_string(std::int64_t(INT32_MAX) / p.page_size) + " pages of " +
+                      std::to_string(p.page_size) + ")");
   set_query_map(a);
   launch_split<true>(a, stream);
   return a.bf16_states;

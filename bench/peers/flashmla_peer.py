@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""FlashMLA peer of the MLA decode kernels (bench/bench_mla_decode.cu), on the same shapes.
+
+FlashMLA (DeepSeek's MLA decoding kernels for Hopper) is the field's reference for this work. It
+is not on PyPI by itself; vLLM's wheel ships it as a PyTorch extension, `vllm/_flashmla_C.abi3.so`,
+whose operators register under `torch.ops._flashmla_C`. This script loads that library from the
+path in FLASHMLA_OPS (nothing else of vLLM is imported) and calls its two decoding operators as
+FlashMLA's Python interface does:
+  out, lse, meta, splits = dense_decode_fwd(q, k_cache, 512, cache_seqlens, block_table, scale,
+                                            causal, meta, splits, None)
+  out, lse, meta, splits = sparse_decode_fwd(q, k_cache, indices, None, None, meta, splits,
+                                             None, None, None, 512, scale, None)
+The first call of a case gets meta = splits = None and computes FlashMLA's schedule; the timed calls
+pass it back, as an engine does for all layers of a step. The library must match the machine's
+PyTorch and CUDA: vLLM 0.26.0's (PyTorch 2.11, CUDA 13) for the H200 of docs/performance.md:
+  pip download --no-deps vllm==0.26.0 && unzip -j vllm-0.26.0-*.whl vllm/_flashmla_C.abi3.so
+
+Cases (those of bench_mla_decode that FlashMLA computes):
+- dense bf16: its dense paged kernel, 64-token pages scattered over the cache by a permutation,
+  16 and 128 heads, B in {1, 8, 64, 128}, L in {4K, 32K, 128K};
+- sparse fp8: its sparse kernel on the same 656-byte ds_mla entries (512 e4m3 codes, 4 fp32 group
+  scales, 64 bf16 RoPE values), top-k 2048 distinct positions of a 32K context, 64 and 128 heads;
+- dense fp8, 128 heads: FlashMLA has no dense kernel for the 656-byte entry, so its sparse kernel
+  is given every position of the context, in order, as the top-k list (the same tokens and the
+  same dequantization; the list is read in addition). FlashMLA's sparse kernel takes fp8 entries
+  only: there is no bf16 sparse case.
+
+Before timing, each kind is checked against a PyTorch reference in fp32 (the max abs error of o
+goes into the JSON record of that case); a kind whose check fails is not timed.
+Times, as bench_mla_decode: `median_us` is one call behind a 256 MiB L2 flush, CUDA events, median
+of 30; `behind_flush_us` is [flush, call] minus [flush], without the start event in between.
+Writes a JSON array to argv[1] (default flashmla_peer.json). DCPATTN_BENCH_FILTER as in
+mla_decode_peer.py.
+"""
+import json
+import os
+import sys
+
+try:
+    import torch
+except ImportError:
+    print("flashmla_peer: PyTorch is not installed, skipped")
+    sys.exit(0)
+
+QK, V, PAGE, TOPK = 576, 512, 64, 2048
+SCALE = 0.0721688
+dev = torch.device("cuda")
+flush = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+
+
+def load_ops():
+    path = os.environ.get("FLASHMLA_OPS")
+    if not path or not os.path.exists(path):
+        print("flashmla_peer: set FLASHMLA_OPS to vLLM's _flashmla_C.abi3.so; skipped")
+        sys.exit(0)
+    torch.ops.load_library(path)
+    return torch.ops._flashmla_C
+
+
+ops = load_ops()
+
+
+def events_us(fn, reps=30, warmup=5):
+    """Median of event-bracketed calls, each behind an L2 flush that reads 256 MiB."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for a, b in ev:
+        flush.sum()
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    t = sorted(a.elapsed_time(b) * 1000.0 for a, b in ev)
+    return t[len(t) // 2]
+
+
+def behind_flush_us(fn, reps=30, warmup=5):
+    """Median of [flush, call] minus [flush]: the call enqueued right behind the flush."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(reps)]
+    for e in ev:
+        flush.sum()
+        e[0].record()
+        flush.sum()
+        e[1].record()
+        flush.sum()
+        e[2].record()
+        flush.sum()
+        fn()
+        e[3].record()
+    torch.cuda.synchronize()
+    t = sorted((e[2].elapsed_time(e[3]) - e[0].elapsed_time(e[1])) * 1000.0 for e in ev)
+    return t[len(t) // 2]
+
+
+def dequant_fp8(entries):
+    """entries (..., 656) uint8 -> (..., 576) fp32."""
+    codes = entries[..., :512].contiguous().view(torch.float8_e4m3fn).float()
+    scales = entries[..., 512:528].contiguous().view(torch.float32)
+    latent = (codes.unflatten(-1, (4, 128)) * scales.unsqueeze(-1)).flatten(-2)
+    rope = entries[..., 528:656].contiguous().view(torch.bfloat16).float()
+    return torch.cat((latent, rope), -1)
+
+
+def reference(q, kv):
+    """q (B, H, 576), kv (B, n, 576) -> o (B, H, 512) in fp32."""
+    s = torch.bmm(q.float(), kv.float().transpose(1, 2)) * SCALE
+    p = torch.softmax(s, -1)
+    return torch.bmm(p, kv[..., :V].float())
+
+
+def random_cache(n_entries, fmt, gen):
+    if fmt == "bf16":
+        return (torch.rand(n_entries, QK, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16)
+    codes = torch.randint(0, 256, (n_entries, 512), device=dev, dtype=torch.uint8, generator=gen) & 0xF7
+    scales = ((1 + torch.rand(n_entries, 4, device=dev, generator=gen)) / 448.0).view(torch.uint8)
+    rope = (torch.rand(n_entries, 64, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16).view(torch.uint8)
+    return torch.cat((codes, scales, rope), -1)
+
+
+def setup(kind, fmt, B, L, H, seed=1):
+    """Inputs and the call. kind: dense (bf16 paged), sparse (fp8 top-k), all (fp8, every position)."""
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
+    pages = L // PAGE
+    q = (torch.rand(B, 1, H, QK, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16)
+    cache = random_cache(B * L, fmt, gen)
+    # request b's page p is cache page table[b, p]; no two consecutive pages are neighbours
+    table = torch.randperm(B * pages, device=dev, generator=gen).to(torch.int32).view(B, pages)
+    seqlens = torch.full((B,), L, dtype=torch.int32, device=dev)
+    if kind == "dense":
+        k_cache = cache.view(B * pages, PAGE, 1, QK)
+        call = lambda m, s: ops.dense_decode_fwd(q, k_cache, V, seqlens, table, SCALE, False, m, s, None)
+        gathered = lambda: cache.view(B * pages, PAGE, QK)[table.long()].view(B, L, QK)
+    else:
+        n = TOPK if kind == "sparse" else L
+        if kind == "all":
+            pos = torch.arange(L, device=dev).expand(B, L)
+        else:
+            pos = torch.stack([torch.randperm(L, device=dev, generator=gen)[:n] for _ in range(B)])
+        # a position's entry in the flat cache: its page's number times 64 plus its offset
+        flat = (table.long().gather(1, pos // PAGE) * PAGE + pos % PAGE).to(torch.int32)
+        indices = flat.view(B, 1, n)
+        k_cache = cache.view(torch.float8_e4m3fn).view(B * pages, PAGE, 1, 656)
+        call = lambda m, s: ops.sparse_decode_fwd(q, k_cache, indices, None, None, m, s, None, None, None, V, SCALE,
+                                                  None)
+        gathered = lambda: dequant_fp8(cache[flat.long().flatten()]).view(B, n, QK)
+    _, _, meta, splits = call(None, None)  # FlashMLA's schedule for this case, computed once
+    fn = lambda: call(meta, splits)[:2]
+    return q, fn, gathered
+
+
+def check(kind, fmt, B, L, H):
+    try:
+        q, fn, gathered = setup(kind, fmt, B, L, H, seed=7)
+        out, _ = fn()
+    except RuntimeError as e:  # a shape FlashMLA refuses: the cases of this kind are not run
+        print(f"check {kind} {fmt} B={B} L={L} H={H}: FlashMLA refused the call ({e}); not run", flush=True)
+        return False, str(e)
+    ref = reference(q.view(B, H, QK), gathered())
+    err = (out.view(B, H, V).float() - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    ok = err <= 2e-2 * max(scale, 1e-3) + 4e-3
+    print(f"check {kind} {fmt} B={B} L={L} H={H}: max |o - ref| {err:.3g} (max |ref| {scale:.3g}) {'ok' if ok else 'FAILED'}",
+          flush=True)
+    return ok, err
+
+
+def run(kind, fmt, B, L, H, records, check_err):
+    n = TOPK if kind == "sparse" else L
+    entry = 1152 if fmt == "bf16" else 656
+    free, _ = torch.cuda.mem_get_info()
+    if B * L * entry * 2 + (1 << 30) > free:
+        print(f"{kind} {fmt} B={B} L={L} H={H}: skipped (memory)")
+        return
+    q, fn, _ = setup(kind, fmt, B, L, H)
+    us = events_us(fn)
+    behind = behind_flush_us(fn)
+    flops = 2.0 * B * H * n * (QK + V)
+    nbytes = B * n * entry + B * H * QK * 2 + B * H * V * 2 + B * H * 4
+    label = "dense" if kind in ("dense", "all") else "sparse"
+    rec = dict(kernel=label, cache=fmt, batch=B, context=L, heads=H, topk=TOPK if kind == "sparse" else 0,
+               median_us=us, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
+               tflops_behind_flush=flops / (behind * 1e6), peer="flashmla",
+               path={"dense": "dense paged kernel", "sparse": "sparse fp8 kernel",
+                     "all": "sparse fp8 kernel given every position"}[kind],
+               check_max_abs_err=check_err)
+    records.append(rec)
+    print(f"{label:6s} {fmt:4s} B={B:4d} L={L:7d} H={H:4d}  {us:9.1f} us  {rec['tflops']:6.1f} TFLOP/s  "
+          f"{rec['gbs']:6.0f} GB/s  behind flush {behind:9.1f} us  {rec['tflops_behind_flush']:6.1f} TFLOP/s",
+          flush=True)
+    del q, fn
+    torch.cuda.empty_cache()
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "flashmla_peer.json"
+    pattern = os.environ.get("DCPATTN_BENCH_FILTER")
+
+    def selected(kind, fmt, B, L, H):
+        return pattern is None or pattern in f"{kind} {fmt} B={B} L={L} H={H}"
+
+    checks = {}
+    for kind, fmt, B, L, H in (("dense", "bf16", 2, 4096, 128), ("dense", "bf16", 2, 4096, 16),
+                               ("sparse", "fp8", 2, 32768, 128), ("sparse", "fp8", 2, 32768, 64),
+                               ("all", "fp8", 2, 4096, 128)):
+        checks[(kind, H)] = check(kind, fmt, B, L, H)
+    records = []
+    for H in (16, 128):
+        for L in (4096, 32768, 131072):
+            for B in (1, 8, 64, 128):
+                ok, err = checks[("dense", H)]
+                if ok and selected("dense", "bf16", B, L, H):
+                    run("dense", "bf16", B, L, H, records, err)
+    for L in (4096, 32768, 131072):
+        for B in (1, 8, 64, 128):
+            ok, err = checks[("all", 128)]
+            if ok and selected("dense", "fp8", B, L, 128):
+                run("all", "fp8", B, L, 128, records, err)
+    for H in (64, 128):
+        for B in (1, 8, 64, 128):
+            ok, err = checks[("sparse", H)]
+            if ok and selected("sparse", "fp8", B, 32768, H):
+                run("sparse", "fp8", B, 32768, H, records, err)
+    with open(out, "w") as f:
+        json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
