@@ -213,8 +213,8 @@ def plot_combine(plt, records, out_dir):
 
 
 def plot_mla(plt, records, out_dir):
-    """mla_decode (bench_mla_decode + mla_decode_peer): TFLOP/s and GB/s over batch, beside the
-    measured matrix rate and copy bandwidth (the peer's "ceilings" record)."""
+    """mla_decode (bench_mla_decode + mla_decode_peer + flashmla_peer): TFLOP/s and GB/s over
+    batch, beside the measured matrix rate and copy bandwidth (the peer's "ceilings" record)."""
     ceil = next((r for r in records if r.get("kernel") == "ceilings"), {})
     rows = [r for r in records if r.get("kernel") in ("dense", "sparse")]
     panels = [("dense", 128, 32768, "tflops", "dense, 128 heads, 32K context: TFLOP/s"),
@@ -223,7 +223,12 @@ def plot_mla(plt, records, out_dir):
               ("sparse", 128, 32768, "tflops", "sparse top-2048, 128 heads: TFLOP/s")]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2))
     for ax, (kind, heads, ctx, metric, title) in zip(axes, panels):
-        for impl in ("dcpattn", "pytorch_eager"):
+        names = {"dcpattn": "dcpattn", "pytorch_eager": "PyTorch eager", "flashmla": "FlashMLA"}
+        styles = {"dcpattn": "-", "pytorch_eager": "--", "flashmla": ":"}
+        colors = {("dcpattn", "bf16"): "tab:blue", ("dcpattn", "fp8"): "tab:orange",
+                  ("flashmla", "bf16"): "tab:cyan", ("flashmla", "fp8"): "tab:red",
+                  ("pytorch_eager", "bf16"): "tab:gray", ("pytorch_eager", "fp8"): "tab:brown"}
+        for impl in ("dcpattn", "flashmla", "pytorch_eager"):
             for cache in ("bf16", "fp8"):
                 pts = sorted((r["batch"], r[metric]) for r in rows
                              if r["kernel"] == kind and r["heads"] == heads
@@ -231,8 +236,8 @@ def plot_mla(plt, records, out_dir):
                              and r.get("peer", "dcpattn") == impl and metric in r)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                            linestyle="-" if impl == "dcpattn" else "--",
-                            label=f"{'dcpattn' if impl == 'dcpattn' else 'PyTorch eager'} {cache}")
+                            linestyle=styles[impl], color=colors[(impl, cache)],
+                            label=f"{names[impl]} {cache}")
         ref = ceil.get("matmul_tflops") if metric == "tflops" else ceil.get("copy_gbs")
         if ref:
             ax.axhline(ref, color="gray", linestyle=":",

@@ -30,7 +30,8 @@ Before timing, each kind is checked against a PyTorch reference in fp32 (the max
 goes into the JSON record of that case); a kind whose check fails is not timed.
 Times, as bench_mla_decode: `median_us` is one call behind a 256 MiB L2 flush, CUDA events, median
 of 30; `behind_flush_us` is [flush, call] minus [flush], without the start event in between.
-Writes a JSON array to argv[1] (default flashmla_peer.json). DCPATTN_BENCH_FILTER as in
+Writes a JSON array to argv[1] (default mla_decode_peer.flashmla.json: bench/plot.py draws files
+named mla_decode*.json, mla_decode_peer*.json into mla_decode.png). DCPATTN_BENCH_FILTER as in
 mla_decode_peer.py.
 """
 import json
@@ -199,7 +200,7 @@ def run(kind, fmt, B, L, H, records, check_err):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "flashmla_peer.json"
+    out = sys.argv[1] if len(sys.argv) > 1 else "mla_decode_peer.flashmla.json"
     pattern = os.environ.get("DCPATTN_BENCH_FILTER")
 
     def selected(kind, fmt, B, L, H):
