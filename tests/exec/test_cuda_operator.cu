@@ -426,6 +426,36 @@ TEST_CASE("CUDA fast mode (bf16 partials, all-gather + reduce-scatter) is close 
   }
 }
 
+TEST_CASE("CUDA fast sparse: each split scans its run of a 512-wide top-k list, close to the host",
+          "[cuda][op][fast][sparse]") {
+  // A list of 512: the operator passes its width to CudaExecution, whose split count keeps 128
+  // entries a split or more (at most 4 here), and the kernel's splits take runs of the list
+  // (MlaDecodeParams::split_topk_list).
+  const Scenario s = dcpattn::test::make_scenario(79u, {700, 1500, 900}, {1, 2, 1}, 1,
+                                                  /*heads=*/128, 1, 64, /*topk=*/512);
+  DcpConfig fast = make_config(s, dcpattn::test::world_size(), DcpMode::fast);
+  MpiStagedCommunicator world(MPI_COMM_WORLD, MpiStagedCommunicator::staging_bytes_for(fast));
+  int device = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int expected =
+      dcpattn::cuda_kernels::mla_decode_fast_splits(s.rows(), s.num_heads, 512, sms);
+  for (CacheFormat format : {CacheFormat::bf16, CacheFormat::fp8_ds_mla}) {
+    CAPTURE(int(format));
+    const Result host = format == CacheFormat::bf16 ? run_host<CacheFormat::bf16, true>(s)
+                                                    : run_host<CacheFormat::fp8_ds_mla, true>(s);
+    const Result r =
+        format == CacheFormat::bf16
+            ? run_cuda<CacheFormat::bf16, true, DirectWorkspace, AllToAll>(world, s, fast)
+            : run_cuda<CacheFormat::fp8_ds_mla, true, DirectWorkspace, AllToAll>(world, s, fast);
+    CHECK(r.num_splits == expected);
+    CHECK(r.num_splits > 1);
+    const double err = error_vs_host(r, host, format, 2.0);
+    CAPTURE(err);
+    CHECK(err <= 1.0);
+  }
+}
+
 TEST_CASE("MpiStagedCommunicator refuses a collective beyond its capacity, on every rank",
           "[cuda][comm]") {
   const Scenario s = scenario_for(1, 3u);

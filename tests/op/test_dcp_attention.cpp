@@ -306,6 +306,45 @@ TEST_CASE("fast mode: the execution space's split count, halved to fit the works
   }
 }
 
+namespace {
+/// SplitPickingExec with the three-argument fast_mode_splits: it records the `attended` the
+/// operator passes (the top-k list's width for the sparse kernel, -1 for the dense one) and
+/// chooses 4 splits.
+struct AttendedSplitsExec : SplitPickingExec {
+  static inline std::int64_t seen = -2;
+  static int fast_mode_splits(const DcpConfig&, std::int64_t, std::int64_t attended) {
+    seen = attended;
+    return 4;
+  }
+  static std::size_t fast_mode_scratch_bytes(const DcpConfig& c) {
+    return attention_scratch_bytes(c, 4);  // room for 4 splits of every row
+  }
+};
+}  // namespace
+
+TEST_CASE("fast mode: the execution space learns the top-k width of a sparse forward",
+          "[op][fast][splits]") {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const Scenario s = scenario_for(1, 17u);
+  REQUIRE(s.topk > 0);
+  std::vector<double> ref_out, ref_lse;
+  const DcpConfig fast = make_config(s, world.size(), DcpMode::fast);
+  AttendedSplitsExec::seen = -2;
+  const Result sparse = run_op<CacheFormat::bf16, true, DirectWorkspace, AllToAll, MpiCommunicator,
+                               AttendedSplitsExec>(world, s, fast);
+  CHECK(AttendedSplitsExec::seen == s.topk);
+  CHECK(sparse.num_splits == 4);
+  reference<CacheFormat::bf16, true>(s, ref_out, ref_lse);
+  CHECK(error_vs_reference(sparse, ref_out, ref_lse) <= 1.0);
+  AttendedSplitsExec::seen = -2;
+  const Result dense = run_op<CacheFormat::bf16, false, DirectWorkspace, AllToAll, MpiCommunicator,
+                              AttendedSplitsExec>(world, s, fast);
+  CHECK(AttendedSplitsExec::seen == -1);
+  CHECK(dense.num_splits == 4);
+  reference<CacheFormat::bf16, false>(s, ref_out, ref_lse);
+  CHECK(error_vs_reference(dense, ref_out, ref_lse) <= 1.0);
+}
+
 TEST_CASE("gather: capacity overflow falls back to all-gather with the same bits", "[op][gather]") {
   MpiCommunicator world(MPI_COMM_WORLD);
   const Scenario s = scenario_for(1, 5u);

@@ -366,7 +366,7 @@ TEST_CASE("round robin: the 32-bit and 64-bit arithmetic agree across 2^31", "[o
   // N I is small, near 2^31 and past it.
   const std::int64_t edge = std::int64_t(1) << 31;
   int checked = 0;
-  for (const auto [n, i] :
+  for (const auto& [n, i] :
        {std::pair{1, 1}, std::pair{3, 5}, std::pair{8, 64}, std::pair{2, 1 << 30},
         std::pair{3, 1 << 30}, std::pair{7, 2147483647}}) {
     const RoundRobinOwnership own(n, i);

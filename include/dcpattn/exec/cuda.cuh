@@ -73,11 +73,15 @@ struct CudaExecution {
   }
 
   /// Fast mode's split count for a batch of `tokens` rows: the most splits that run in one wave
-  /// on the current device (cuda_kernels::mla_decode_fast_splits; the shard lengths are not
-  /// known on the host, so the 256-token minimum per split is not applied).
-  static int fast_mode_splits(const DcpConfig& config, std::int64_t tokens) {
-    return cuda_kernels::mla_decode_fast_splits(tokens, config.num_heads, kUnknownLength,
-                                                multiprocessors());
+  /// on the current device, none under 128 of the `attended` tokens a row attends
+  /// (cuda_kernels::mla_decode_fast_splits). `attended`: the top-k list's width for the sparse
+  /// kernels; the shard lengths of the dense ones are not known on the host (-1), so there the
+  /// minimum is not applied. H200, sparse top-2048, 128 heads, batch 1: 64 -> 16 splits, 22.4 ->
+  /// 19.6 us (docs/performance.md, run 25).
+  static int fast_mode_splits(const DcpConfig& config, std::int64_t tokens,
+                              std::int64_t attended = -1) {
+    return cuda_kernels::mla_decode_fast_splits(
+        tokens, config.num_heads, attended < 0 ? kUnknownLength : attended, multiprocessors());
   }
   /// Attention scratch fast mode needs for any batch of up to config.max_tokens rows: with S > 1
   /// splits the one-wave rule keeps T x ceil(H / 64) x S <= the SM count, so the split states of

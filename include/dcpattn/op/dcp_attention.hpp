@@ -201,7 +201,10 @@ class DcpAttention {
     p.softmax_scale = c.softmax_scale;
     p.page_size = c.page_size;
     p.interleave = split_interleave(c);
-    p.num_splits = splits_for(c, t, w.attention_bytes);
+    if constexpr (Kernel::is_sparse)
+      p.num_splits = splits_for(c, t, w.attention_bytes, a.topk.extent(1));
+    else
+      p.num_splits = splits_for(c, t, w.attention_bytes);
     p.num_valid_rows = a.num_valid_rows;
     p.error_flags = reinterpret_cast<std::uint32_t*>(base + w.errors);
     // bf16 partials (fast mode only, checked above): the kernel's split states too.
@@ -274,21 +277,37 @@ class DcpAttention {
   /// docs/policies.md): `static int fast_mode_splits(const DcpConfig&, std::int64_t tokens)` and
   /// `static std::size_t fast_mode_scratch_bytes(const DcpConfig&)`, an upper bound of
   /// attention_scratch_bytes over every batch of up to max_tokens rows at those split counts.
-  static constexpr bool exec_picks_fast_splits =
+  /// fast_mode_splits may also take a third argument, `std::int64_t attended`: the most tokens a
+  /// row attends as the host knows it, the top-k list's width for a sparse kernel and -1
+  /// (unknown) for a dense one (exec_splits_take_attended; CudaExecution's does).
+  static constexpr bool exec_splits_take_attended =
       requires(const DcpConfig& c, std::int64_t tokens) {
-        { Exec::fast_mode_splits(c, tokens) } -> std::convertible_to<int>;
-        { Exec::fast_mode_scratch_bytes(c) } -> std::convertible_to<std::size_t>;
-      };
+    { Exec::fast_mode_splits(c, tokens, tokens) } -> std::convertible_to<int>;
+  };
+  static constexpr bool exec_picks_fast_splits =
+      (exec_splits_take_attended ||
+       requires(const DcpConfig& c, std::int64_t tokens) {
+         { Exec::fast_mode_splits(c, tokens) } -> std::convertible_to<int>;
+       }) &&
+      requires(const DcpConfig& c) {
+    { Exec::fast_mode_scratch_bytes(c) } -> std::convertible_to<std::size_t>;
+  };
 
   /// Local splits of a forward of `tokens` rows whose workspace has `attention_bytes` of
-  /// attention scratch. Deterministic mode: V / N (part of the numerical contract). Fast mode:
-  /// Exec's choice when it makes one (the CUDA kernels: the most splits that run in one wave),
+  /// attention scratch; `attended` as in exec_splits_take_attended. Deterministic mode: V / N
+  /// (part of the numerical contract). Fast mode: Exec's choice when it makes one (the CUDA
+  /// kernels: the most splits that run in one wave, none under 128 of the `attended` tokens),
   /// halved until its split states fit `attention_bytes`; else as deterministic mode when N
   /// divides V, 1 otherwise.
-  static int splits_for(const DcpConfig& c, std::int64_t tokens, std::size_t attention_bytes) {
+  static int splits_for(const DcpConfig& c, std::int64_t tokens, std::size_t attention_bytes,
+                        std::int64_t attended = -1) {
     if constexpr (exec_picks_fast_splits) {
       if (c.mode == DcpMode::fast) {
-        int s = int(Exec::fast_mode_splits(c, tokens));
+        int s = 1;
+        if constexpr (exec_splits_take_attended)
+          s = int(Exec::fast_mode_splits(c, tokens, attended));
+        else
+          s = int(Exec::fast_mode_splits(c, tokens));
         if (s < 1) s = 1;
         DcpConfig batch = c;
         batch.max_tokens = int(tokens);

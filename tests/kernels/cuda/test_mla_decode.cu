@@ -1010,7 +1010,7 @@ TEST_CASE("CUDA sparse MLA decode matches the host kernel and double-precision a
           const DeviceCache d1(c1);
           // Splits of positions (deterministic mode), and runs of the list (fast mode's
           // split_topk_list; 64 splits: runs of 10 entries, one tile's worth or less).
-          for (const auto [num_splits, list_splits] :
+          for (const auto& [num_splits, list_splits] :
                {std::pair{1, false}, std::pair{2, false}, std::pair{8, false}, std::pair{8, true},
                 std::pair{64, true}}) {
             if (H > 16 && num_splits == 2) continue;

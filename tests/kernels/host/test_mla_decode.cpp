@@ -548,7 +548,7 @@ TEST_CASE("sparse MLA decode matches plain double attention over the listed posi
           const RankCache c1 = build_rank_cache(dc.batch, own1, 0, page_size, format, rng);
           // Splits of positions (deterministic mode), and runs of the list (fast mode's
           // split_topk_list; 64 splits give runs of one entry, most of them empty past K).
-          for (const auto [num_splits, list_splits] :
+          for (const auto& [num_splits, list_splits] :
                {std::pair{1, false}, std::pair{2, false}, std::pair{8, false}, std::pair{2, true},
                 std::pair{8, true}, std::pair{64, true}}) {
             CAPTURE(int(format), H, page_size, interleave, num_splits, list_splits);
