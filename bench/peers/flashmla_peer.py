@@ -38,16 +38,11 @@ import json
 import os
 import sys
 
-try:
-    import torch
-except ImportError:
-    print("flashmla_peer: PyTorch is not installed, skipped")
-    sys.exit(0)
+# The shapes, the scale, the flush buffer and the random caches are the PyTorch peer's (it exits
+# when PyTorch is missing).
+from mla_decode_peer import PAGE, QK, SCALE, TOPK, V, dev, flush, random_cache  # noqa: E402
 
-QK, V, PAGE, TOPK = 576, 512, 64, 2048
-SCALE = 0.0721688
-dev = torch.device("cuda")
-flush = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+import torch  # noqa: E402
 
 
 def load_ops():
@@ -113,15 +108,6 @@ def reference(q, kv):
     s = torch.bmm(q.float(), kv.float().transpose(1, 2)) * SCALE
     p = torch.softmax(s, -1)
     return torch.bmm(p, kv[..., :V].float())
-
-
-def random_cache(n_entries, fmt, gen):
-    if fmt == "bf16":
-        return (torch.rand(n_entries, QK, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16)
-    codes = torch.randint(0, 256, (n_entries, 512), device=dev, dtype=torch.uint8, generator=gen) & 0xF7
-    scales = ((1 + torch.rand(n_entries, 4, device=dev, generator=gen)) / 448.0).view(torch.uint8)
-    rope = (torch.rand(n_entries, 64, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16).view(torch.uint8)
-    return torch.cat((codes, scales, rope), -1)
 
 
 def setup(kind, fmt, B, L, H, seed=1):
