@@ -255,9 +255,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("split_states", bf16_states ? "bf16" : "fp32")
       .field("num_splits", p.num_splits)
       .field("interleave", p.interleave)
-      .field("splits_of", !c.sparse           ? "positions"
-                          : p.split_topk_list ? "list"
-                                              : "positions")
+      .field("splits_of", c.sparse && p.split_topk_list ? "list" : "positions")
       .field("flush", write_flush ? "write" : "read")
       .field("median_us", us)
       .field("graph_us", graph_us)

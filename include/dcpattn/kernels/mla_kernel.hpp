@@ -66,9 +66,13 @@ struct MlaListRange {
   std::int64_t begin;
   std::int64_t end;
 };
+/// The length of those runs, ceil(k / S): list entry e belongs to split e / mla_list_run(k, S).
+constexpr DCPATTN_HOST_DEVICE std::int64_t mla_list_run(std::int64_t k, int num_splits) noexcept {
+  return (k + num_splits - 1) / num_splits;
+}
 constexpr DCPATTN_HOST_DEVICE MlaListRange mla_list_range(std::int64_t k, int j,
                                                           int num_splits) noexcept {
-  const std::int64_t chunk = (k + num_splits - 1) / num_splits;
+  const std::int64_t chunk = mla_list_run(k, num_splits);
   const std::int64_t begin = std::int64_t(j) * chunk < k ? std::int64_t(j) * chunk : k;
   return {begin, begin + chunk < k ? begin + chunk : k};
 }

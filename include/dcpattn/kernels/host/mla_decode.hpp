@@ -306,12 +306,12 @@ void mla_decode_sparse(const QView& q, const CacheView& cache,
     }
     const std::int32_t req = row_request(t);
     for (auto& v : split_slots) v.clear();
-    const std::int64_t chunk = (topk.extent(1) + S - 1) / S;  // split_topk_list's runs
+    const std::int64_t run = mla_list_run(topk.extent(1), S);  // split_topk_list's runs
     for (std::int64_t k = 0; k < topk.extent(1); ++k) {
       const std::int64_t g = topk(t, k);
       if (g < 0 || own.owner(g) != rank) continue;
       const std::int64_t pos = own.local_position(g);
-      const int j = p.split_topk_list ? int(k / chunk) : mla_split_of(pos, S, I);
+      const int j = p.split_topk_list ? int(k / run) : mla_split_of(pos, S, I);
       split_slots[std::size_t(j)].push_back(
           std::int64_t(block_table(req, pos / p.page_size)) * p.page_size + pos % p.page_size);
     }
