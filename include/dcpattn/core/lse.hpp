@@ -79,11 +79,21 @@ DCPATTN_HOST_DEVICE float mul_rn(float a, float b) noexcept {
 // which is what a batch-1 merge waits on.
 // Subnormal results flush to 0 (weights under 1e-38). exp(0) = 1, exp(-inf) = +0 and 1 / 1 = 1
 // stay exact. On the host the libm exp and an IEEE division.
-DCPATTN_HOST_DEVICE float fast_exp(float x) noexcept {
+/// 2^x as fast_exp computes it on the device: one ex2.approx (relative error about 2^-22;
+/// 2^-inf = +0, subnormal results flushed to 0), for callers that keep their exponents in base 2
+/// (the 64-head MLA decode kernel's scores). On the host the libm exp2.
+DCPATTN_HOST_DEVICE float fast_exp2(float x) noexcept {
 #if DCPATTN_IN_DEVICE_CODE
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmul_rn(x, 1.44269504088896340736f)));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+#else
+  return cuda::std::exp2(x);
+#endif
+}
+DCPATTN_HOST_DEVICE float fast_exp(float x) noexcept {
+#if DCPATTN_IN_DEVICE_CODE
+  return fast_exp2(__fmul_rn(x, 1.44269504088896340736f));
 #else
   return cuda::std::exp(x);
 #endif

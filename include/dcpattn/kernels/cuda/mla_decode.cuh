@@ -50,7 +50,9 @@
 // exact in bf16, the products are exact and summed in fp32 by the tensor cores; the differences
 // are P rounded to bf16 (relative 2^-9 per weight: ~1e-3 relative on o) and, for the fp8 cache,
 // the dequantized key rounded to bf16 (score error ~1e-3 absolute). exp/log are CUDA's, which
-// differ from the host libm's by an ulp now and then. The warpgroup kernel's narrow form for the
+// differ from the host libm's by an ulp now and then; the 64-head warpgroup kernel's weights are
+// ex2.approx of base-2 scores (relative error about 2^-22, far below P's bf16 rounding). The
+// warpgroup kernel's narrow form for the
 // fp8 cache (H <= 16) does not round the keys: the products read the exact e4m3 codes and the
 // group scales are applied in fp32 (scores) and folded into the weights, rounded to f16 (relative
 // 2^-11 per weight), the row sums of a split's even and odd tiles are kept apart and added at the
@@ -978,14 +980,17 @@ __global__ void __launch_bounds__(kMergeRowThreads)
 //     cp.async and handed over CTA-wide, dequantized into the single K/V stage;
 //   - S = Q K^T: warpgroup 0 computes the 64 heads x 64 tokens of the tile with wgmma m64n64k16
 //     (36 k-steps in order, fp32 accumulators);
-//   - online softmax in warpgroup 0's registers (each thread holds 2 head rows x 16 tokens),
-//     exp/log as expf/logf; P rounded to bf16, into shared memory for warpgroup 1 with each
-//     row's rescale factor (mbarriers p_full / p_empty); warpgroup 0 keeps the row sum;
+//   - online softmax in warpgroup 0's registers (each thread holds 2 head rows x 16 tokens) on
+//     base-2 scores (S x softmax_scale x log2(e)), the weights one ex2.approx each
+//     (detail::fast_exp2), log as logf; P rounded to bf16, into shared memory for warpgroup 1
+//     with each row's rescale factor (mbarriers p_full / p_empty); warpgroup 0 keeps the row sum;
 //   - O += P V: warpgroup g owns value dims [256 g, 256 g + 256) (wgmma m64n256k16, V read in
 //     place from the K/V tile as an MN-major operand; 128 fp32 accumulators per thread),
-//     warpgroup 0 with P from its registers, warpgroup 1 from shared memory, while warpgroup 0
-//     goes on to the next tile;
-//   - the state o = acc / l, lse = m + logf(l) goes to scratch or straight to o/lse as before.
+//     warpgroup 0 with P from its registers, warpgroup 1 with P read from shared memory into
+//     its registers (bf16) or by the tensor cores (fp8), while warpgroup 0 goes on to the next
+//     tile;
+//   - the state o = acc / l, lse = m ln(2) + logf(l) goes to scratch or straight to o/lse as
+//     before.
 // Narrow kernel (H <= 16, one CTA per (row, split)): the same producer, a query block of 16 rows,
 // and the products transposed: S^T = K Q^T and O^T = V^T P^T with the 64 tokens as the wgmma M
 // and the heads as N (m64n16k16), so no padded head row is computed. bf16 cache: the bf16
@@ -2573,7 +2578,7 @@ __global__ void __launch_bounds__(
       }
     } else {
       mbar_init(&full[8], kConsumers / 2);  // p_full: warpgroup 0 wrote P and alpha_s (or the end)
-      mbar_init(&full[9], kConsumers / 2);  // p_empty: warpgroup 1 is done with them
+      mbar_init(&full[9], kConsumers / 2);  // p_empty: warpgroup 1 holds them in registers
     }
   }
   __syncthreads();  // barriers initialized (the last CTA-wide barrier)
@@ -3002,6 +3007,10 @@ __global__ void __launch_bounds__(
     // dense bf16 128 heads 64 x 32K 1197-1229 -> 1049-1052 us, 8 x 32K 176 -> 155-156, 1 x 32K
     // 38.8-39.2 -> 37.1-37.4 (docs/performance.md, run 23). Warpgroup 0 ends with the whole row
     // sum and warpgroup 1 with none, so the state below adds 0 to it.
+    // The weights are powers of two of base-2 scores (detail::fast_exp2: one special-function
+    // instruction against about eight for expf, on warpgroup 0's path between its products while
+    // the tensor cores wait): 64 x 32K 1077-1080 -> 1001-1003 us, 8 x 32K 157 -> 146, fp8
+    // 64 x 32K 1593-1595 -> 1506 (docs/performance.md, run 26).
     const int g = warp >> 2;  // warpgroup: value dims [256 g, +256) of O; 0 also the scores
     const int wq = warp & 3;  // warp in the warpgroup: head rows [16 wq, +16)
     const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8;
@@ -3031,9 +3040,12 @@ __global__ void __launch_bounds__(
     };
     // Warpgroup 0, one tile (K/V stage at k_s, its slots): the scores, the softmax, P and alpha_s
     // handed to warpgroup 1 (p_full), O for dims [0, 256). Branch-free softmax: a masked score
-    // (-inf) gives expf(-inf) = 0 against a finite maximum; while nothing is valid (mn = -inf)
+    // (-inf) gives 2^-inf = 0 against a finite maximum; while nothing is valid (mn = -inf)
     // the maximum used is 0, so no -inf - -inf arises, and alpha is 0 against o = 0 and l = 0.
-    auto scores_tile = [&](std::uint32_t k_s, const int* slots) {
+    // The scores in base 2: s log2(e), so that each weight is one ex2 (m, the running maximum,
+    // in the same unit; lse = m ln(2) + log(l) at the end).
+    const float scale2 = a.softmax_scale * 1.44269504088896341f;
+    auto scores_tile = [&](int i, std::uint32_t k_s, const int* slots) {
       float s[32];  // s[4 jn + e]: (r0, token 8 jn + 2 (lane mod 4) + e), [+ 2]: r1
       wgmma_fence();
 #pragma unroll
@@ -3049,8 +3061,8 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const bool valid = slots[8 * jn + 2 * (lane & 3) + e] >= 0;
-          s[4 * jn + e] = valid ? a.softmax_scale * s[4 * jn + e] : kNegInf;
-          s[4 * jn + 2 + e] = valid ? a.softmax_scale * s[4 * jn + 2 + e] : kNegInf;
+          s[4 * jn + e] = valid ? scale2 * s[4 * jn + e] : kNegInf;
+          s[4 * jn + 2 + e] = valid ? scale2 * s[4 * jn + 2 + e] : kNegInf;
           mx0 = fmaxf(mx0, s[4 * jn + e]);
           mx1 = fmaxf(mx1, s[4 * jn + 2 + e]);
         }
@@ -3062,16 +3074,17 @@ __global__ void __launch_bounds__(
       const float mn0 = fmaxf(m_0, mx0), mn1 = fmaxf(m_1, mx1);
       const float mu0 = mn0 == kNegInf ? 0.0f : mn0;
       const float mu1 = mn1 == kNegInf ? 0.0f : mn1;
-      const float al0 = expf(m_0 - mu0);
-      const float al1 = expf(m_1 - mu1);
+      const float al0 = ::dcpattn::detail::fast_exp2(m_0 - mu0);
+      const float al1 = ::dcpattn::detail::fast_exp2(m_1 - mu1);
+      if (!kFp8 && i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 1 holds P of tile i - 1
       float sum0 = 0.0f, sum1 = 0.0f;
       std::uint32_t pf[8][2];  // P in bf16 pairs: [jn][row r0, r1], tokens 8 jn + 2 (lane mod 4)
 #pragma unroll
       for (int jn = 0; jn < 8; ++jn) {
-        const float p00 = expf(s[4 * jn] - mu0);
-        const float p01 = expf(s[4 * jn + 1] - mu0);
-        const float p10 = expf(s[4 * jn + 2] - mu1);
-        const float p11 = expf(s[4 * jn + 3] - mu1);
+        const float p00 = ::dcpattn::detail::fast_exp2(s[4 * jn] - mu0);
+        const float p01 = ::dcpattn::detail::fast_exp2(s[4 * jn + 1] - mu0);
+        const float p10 = ::dcpattn::detail::fast_exp2(s[4 * jn + 2] - mu1);
+        const float p11 = ::dcpattn::detail::fast_exp2(s[4 * jn + 3] - mu1);
         sum0 += p00;
         sum0 += p01;
         sum1 += p10;
@@ -3111,8 +3124,9 @@ __global__ void __launch_bounds__(
       wgmma_commit();
       wgmma_wait_all();
     };
-    // Warpgroup 1, one tile once p_full has handed P and alpha_s over: O for dims [256, 512).
-    auto values_tile = [&](std::uint32_t k_s) {
+    // fp8, warpgroup 1, one tile once p_full has handed P and alpha_s over: O for dims
+    // [256, 512) with P read from shared memory by the tensor cores.
+    auto values_tile_ss = [&](std::uint32_t k_s) {
       rescale(alpha_s[r0], alpha_s[r1]);
       const std::uint32_t va = k_s + std::uint32_t(4 * kBlock);
       wgmma_fence();
@@ -3123,22 +3137,43 @@ __global__ void __launch_bounds__(
       wgmma_commit();
       wgmma_wait_all();
     };
+    // bf16, warpgroup 1, one tile: O for dims [256, 512) from P in registers (pf, the words
+    // warpgroup 0's thread of the same warp and lane wrote) and the tile's rescale factors.
+    auto values_tile = [&](std::uint32_t k_s, const std::uint32_t(&pf)[8][2], float al0,
+                           float al1) {
+      rescale(al0, al1);
+      const std::uint32_t va = k_s + std::uint32_t(4 * kBlock);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+        const std::uint32_t p_kk[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0],
+                                       pf[2 * kk + 1][1]};
+        wgmma_m64n256_pv_rs(o, p_kk, gmma_desc(va + kk * 2048, kBlock, 1024));
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+    };
     if constexpr (!kFp8) {
-      // Two stages handed over by the producer's copies. Warpgroup 0 writes P again only once
-      // warpgroup 1 is done with it (p_empty, arrived on after each of its tiles), and hands the
-      // end of the split (count 0) over on p_full like a P.
+      // Two stages handed over by the producer's copies. Warpgroup 1 reads P and the rescale
+      // factors into registers and frees them (p_empty) before its products; warpgroup 0 waits
+      // for that only where it writes the next P, after that tile's scores, and hands the end of
+      // the split (count 0) over on p_full like a P. (Warpgroup 1's products of tile i held back
+      // until warpgroup 0's scores of tile i + 1 are done, to fill the tensor cores during its
+      // softmax, made 64 x 32K 1087 -> 1358 us: the stage of tile i is then freed too late for
+      // tile i + 2's copies to land in time; docs/performance.md, run 26.)
       if (g == 0) {
         for (int i = 0;; ++i) {
           const int st = i & 1;
           mbar_wait(&full[st], (i >> 1) & 1);
           fence_proxy_async();  // the tile's copies, landed, for the tensor cores
           const int n_tile = count_s[i % kSlotBufs];
-          if (i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 1 is done with P and alpha_s
           if (n_tile == 0) {
+            // Warpgroup 1 holds P of tile i - 1: p_full's next phase is free.
+            if (i > 0) mbar_wait(p_empty, (i - 1) & 1);
             mbar_arrive(p_full);  // the end, to warpgroup 1
             break;
           }
-          scores_tile(smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens);
+          scores_tile(i, smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens);
           mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
         }
       } else {
@@ -3146,8 +3181,17 @@ __global__ void __launch_bounds__(
           const int st = i & 1;
           mbar_wait(p_full, i & 1);  // P and alpha_s of tile i, or the end
           if (count_s[i % kSlotBufs] == 0) break;
-          values_tile(smem_u32(stage(st)));
+          std::uint32_t pf[8][2];
+#pragma unroll
+          for (int jn = 0; jn < 8; ++jn) {
+            const int tok = 8 * jn + 2 * (lane & 3);
+            const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
+            pf[jn][0] = *reinterpret_cast<const std::uint32_t*>(p_s + r0 * 128 + cb);
+            pf[jn][1] = *reinterpret_cast<const std::uint32_t*>(p_s + r1 * 128 + cb);
+          }
+          const float al0 = alpha_s[r0], al1 = alpha_s[r1];
           mbar_arrive(p_empty);  // P and alpha_s are free
+          values_tile(smem_u32(stage(st)), pf, al0, al1);
           mbar_arrive(&empty[st]);
         }
       }
@@ -3167,10 +3211,10 @@ __global__ void __launch_bounds__(
         cta_handover(&empty[0], i & 1);                 // tile_ready
         if (i == 0 && a.q_tma) mbar_wait(&full[1], 0);  // q_full: the query block is in
         if (g == 0) {
-          scores_tile(smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens);
+          scores_tile(i, smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens);
         } else {
           mbar_wait(p_full, i & 1);  // P and alpha_s of tile i
-          values_tile(smem_u32(stage(0)));
+          values_tile_ss(smem_u32(stage(0)));
         }
       }
     }
@@ -3232,7 +3276,8 @@ __global__ void __launch_bounds__(
         }
       }
       if (g == 0 && (lane & 3) == 0) {
-        const float lse = empty_state ? kNegInf : (half ? m_1 : m_0) + logf(l);
+        const float lse =
+            empty_state ? kNegInf : (half ? m_1 : m_0) * ::dcpattn::detail::kLn2 + logf(l);
         out.put_lse(lse);
       }
     }
