@@ -3042,6 +3042,19 @@ __global__ void __launch_bounds__(
     // handed to warpgroup 1 (p_full), O for dims [0, 256). Branch-free softmax: a masked score
     // (-inf) gives 2^-inf = 0 against a finite maximum; while nothing is valid (mn = -inf)
     // the maximum used is 0, so no -inf - -inf arises, and alpha is 0 against o = 0 and l = 0.
+    // O += P V for 256 value dims (the V tile's columns from shared-memory address v) with P
+    // from registers (pf: its k16 fragments are the score registers' layout).
+    auto pv_registers = [&](const std::uint32_t(&pf)[8][2], std::uint32_t v) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTileTokens / 16; ++kk) {
+        const std::uint32_t p_kk[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0],
+                                       pf[2 * kk + 1][1]};
+        wgmma_m64n256_pv_rs(o, p_kk, gmma_desc(v + kk * 2048, kBlock, 1024));
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+    };
     // The scores in base 2: s log2(e), so that each weight is one ex2 (m, the running maximum,
     // in the same unit; lse = m ln(2) + log(l) at the end).
     const float scale2 = a.softmax_scale * 1.44269504088896341f;
@@ -3113,16 +3126,7 @@ __global__ void __launch_bounds__(
       fence_proxy_async();  // P, for warpgroup 1's tensor cores
       mbar_arrive(p_full);  // P and alpha_s are in
       rescale(al0, al1);
-      // O += P V for value dims [0, 256): P's k16 fragments are the score registers' layout.
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kTileTokens / 16; ++kk) {
-        const std::uint32_t p_kk[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0],
-                                       pf[2 * kk + 1][1]};
-        wgmma_m64n256_pv_rs(o, p_kk, gmma_desc(k_s + kk * 2048, kBlock, 1024));
-      }
-      wgmma_commit();
-      wgmma_wait_all();
+      pv_registers(pf, k_s);  // value dims [0, 256)
     };
     // fp8, warpgroup 1, one tile once p_full has handed P and alpha_s over: O for dims
     // [256, 512) with P read from shared memory by the tensor cores.
@@ -3142,16 +3146,7 @@ __global__ void __launch_bounds__(
     auto values_tile = [&](std::uint32_t k_s, const std::uint32_t(&pf)[8][2], float al0,
                            float al1) {
       rescale(al0, al1);
-      const std::uint32_t va = k_s + std::uint32_t(4 * kBlock);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kTileTokens / 16; ++kk) {
-        const std::uint32_t p_kk[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0],
-                                       pf[2 * kk + 1][1]};
-        wgmma_m64n256_pv_rs(o, p_kk, gmma_desc(va + kk * 2048, kBlock, 1024));
-      }
-      wgmma_commit();
-      wgmma_wait_all();
+      pv_registers(pf, k_s + std::uint32_t(4 * kBlock));  // value dims [256, 512)
     };
     if constexpr (!kFp8) {
       // Two stages handed over by the producer's copies. Warpgroup 1 reads P and the rescale
