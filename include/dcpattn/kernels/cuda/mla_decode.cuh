@@ -3123,7 +3123,10 @@ __global__ void __launch_bounds__(
       l_1 = l_1 * al1 + sum1;
       m_0 = mn0;
       m_1 = mn1;
-      fence_proxy_async();  // P, for warpgroup 1's tensor cores
+      // P, for warpgroup 1's tensor cores (fp8). The bf16 path's warpgroup 1 reads P with
+      // ordinary loads, which p_full orders without it; dropped there (with two other changes),
+      // it measured within 0.4% (docs/performance.md, run 26): kept, one hand-over for both.
+      fence_proxy_async();
       mbar_arrive(p_full);  // P and alpha_s are in
       rescale(al0, al1);
       pv_registers(pf, k_s);  // value dims [0, 256)
@@ -3178,7 +3181,7 @@ __global__ void __launch_bounds__(
           if (count_s[i % kSlotBufs] == 0) break;
           std::uint32_t pf[8][2];
 #pragma unroll
-          for (int jn = 0; jn < 8; ++jn) {
+          for (int jn = 0; jn < 8; ++jn) {  // the words warpgroup 0 wrote (scores_tile)
             const int tok = 8 * jn + 2 * (lane & 3);
             const std::uint32_t cb = std::uint32_t(((tok >> 3) ^ (r0 & 7)) << 4) + (tok & 7) * 2;
             pf[jn][0] = *reinterpret_cast<const std::uint32_t*>(p_s + r0 * 128 + cb);
