@@ -3006,7 +3006,10 @@ __global__ void __launch_bounds__(
     // both warpgroups computing the scores of 32 tokens and exchanging row maxima (runs 3-22):
     // dense bf16 128 heads 64 x 32K 1197-1229 -> 1049-1052 us, 8 x 32K 176 -> 155-156, 1 x 32K
     // 38.8-39.2 -> 37.1-37.4 (docs/performance.md, run 23). Warpgroup 0 ends with the whole row
-    // sum and warpgroup 1 with none, so the state below adds 0 to it.
+    // sum and warpgroup 1 with none, so the state below adds 0 to it. FlashMLA's pair order
+    // (each warpgroup the scores and softmax of alternate tiles, both the P V halves of both)
+    // computes 13% faster but, with two stages, frees a stage too late for its next tile to
+    // land: 6-11% slower with the copies (docs/performance.md, run 27).
     // The weights are powers of two of base-2 scores (detail::fast_exp2: one special-function
     // instruction against about eight for expf, on warpgroup 0's path between its products while
     // the tensor cores wait): 64 x 32K 1077-1080 -> 1001-1003 us, 8 x 32K 157 -> 146, fp8
