@@ -3161,7 +3161,9 @@ __global__ void __launch_bounds__(
       // the split (count 0) over on p_full like a P. (Warpgroup 1's products of tile i held back
       // until warpgroup 0's scores of tile i + 1 are done, to fill the tensor cores during its
       // softmax, made 64 x 32K 1087 -> 1358 us, likely because the stage of tile i is then freed
-      // too late for tile i + 2's copies to land in time; docs/performance.md, run 26.)
+      // too late for tile i + 2's copies to land in time; docs/performance.md, run 26. Warpgroup
+      // 0's scores of tile i + 1 issued right behind its P V of tile i, ahead of warpgroup 1's:
+      // 989-991 -> 1626-1630 us, likely the same cause; run 27.)
       if (g == 0) {
         for (int i = 0;; ++i) {
           const int st = i & 1;
