@@ -1118,6 +1118,18 @@ DCPATTN_DEVICE void mbar_wait(std::uint64_t* bar, int parity) {
         : "memory");
   } while (!done);
 }
+/// Whether the phase of `bar` with the given parity has completed, without waiting (acquire
+/// semantics when it has, as mbar_wait).
+DCPATTN_DEVICE bool mbar_test(std::uint64_t* bar, int parity) {
+  std::uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 /// An arrival on `bar` once every cp.async this thread has issued so far has completed; counts
 /// as one of the barrier's expected arrivals (.noinc).
 DCPATTN_DEVICE void cp_async_mbar_arrive(std::uint64_t* bar) {
@@ -3047,7 +3059,7 @@ __global__ void __launch_bounds__(
     // the maximum used is 0, so no -inf - -inf arises, and alpha is 0 against o = 0 and l = 0.
     // O += P V for 256 value dims (the V tile's columns from shared-memory address v) with P
     // from registers (pf: its k16 fragments are the score registers' layout).
-    auto pv_registers = [&](const std::uint32_t(&pf)[8][2], std::uint32_t v) {
+    auto pv_issue = [&](const std::uint32_t(&pf)[8][2], std::uint32_t v) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTileTokens / 16; ++kk) {
@@ -3056,12 +3068,22 @@ __global__ void __launch_bounds__(
         wgmma_m64n256_pv_rs(o, p_kk, gmma_desc(v + kk * 2048, kBlock, 1024));
       }
       wgmma_commit();
+    };
+    auto pv_registers = [&](const std::uint32_t(&pf)[8][2], std::uint32_t v) {
+      pv_issue(pf, v);
       wgmma_wait_all();
     };
     // The scores in base 2: s log2(e), so that each weight is one ex2 (m, the running maximum,
     // in the same unit; lse = m ln(2) + log(l) at the end).
     const float scale2 = a.softmax_scale * 1.44269504088896341f;
-    auto scores_tile = [&](int i, std::uint32_t k_s, const int* slots) {
+    // bf16: the waits that stalled warpgroup 0 between its products are made while the tensor
+    // cores work (during_scores, during_values): warpgroup 1's release of the previous P under
+    // the scores, the next tile's hand-over under P V. Timestamps put about 130 cycles in the
+    // first and 230 in the second (with the proxy fence after it) of a 3670-cycle tile, the
+    // tensor cores idle meanwhile; dense bf16 128 heads 64 x 32K 990-992 -> 960-964 us, 8 x 32K
+    // 145-147 -> 142, 64 x 128K 4411-4485 -> 4349 (docs/performance.md, run 27).
+    auto scores_tile = [&](int i, std::uint32_t k_s, const int* slots, auto&& during_scores,
+                           auto&& during_values) {
       float s[32];  // s[4 jn + e]: (r0, token 8 jn + 2 (lane mod 4) + e), [+ 2]: r1
       wgmma_fence();
 #pragma unroll
@@ -3070,6 +3092,7 @@ __global__ void __launch_bounds__(
         wgmma_m64n64_qk(s, gmma_desc(qa + off, 16, 1024), gmma_desc(k_s + off, 16, 1024), ks > 0);
       }
       wgmma_commit();
+      during_scores();
       wgmma_wait_all();
       float mx0 = kNegInf, mx1 = kNegInf;
 #pragma unroll
@@ -3092,7 +3115,6 @@ __global__ void __launch_bounds__(
       const float mu1 = mn1 == kNegInf ? 0.0f : mn1;
       const float al0 = ::dcpattn::detail::fast_exp2(m_0 - mu0);
       const float al1 = ::dcpattn::detail::fast_exp2(m_1 - mu1);
-      if (!kFp8 && i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 1 holds P of tile i - 1
       float sum0 = 0.0f, sum1 = 0.0f;
       std::uint32_t pf[8][2];  // P in bf16 pairs: [jn][row r0, r1], tokens 8 jn + 2 (lane mod 4)
 #pragma unroll
@@ -3126,13 +3148,14 @@ __global__ void __launch_bounds__(
       l_1 = l_1 * al1 + sum1;
       m_0 = mn0;
       m_1 = mn1;
-      // P, for warpgroup 1's tensor cores (fp8). The bf16 path's warpgroup 1 reads P with
-      // ordinary loads, which p_full orders without it; dropped there (with two other changes),
-      // it measured within 0.4% (docs/performance.md, run 26): kept, one hand-over for both.
-      fence_proxy_async();
-      mbar_arrive(p_full);  // P and alpha_s are in
+      // The bf16 path's warpgroup 1 reads P with ordinary loads, which p_full orders without a
+      // proxy fence (dropped there in run 27 together with the two waits above).
+      if constexpr (kFp8) fence_proxy_async();  // P, for warpgroup 1's tensor cores
+      mbar_arrive(p_full);                      // P and alpha_s are in
       rescale(al0, al1);
-      pv_registers(pf, k_s);  // value dims [0, 256)
+      pv_issue(pf, k_s);  // value dims [0, 256)
+      during_values();
+      wgmma_wait_all();
     };
     // fp8, warpgroup 1, one tile once p_full has handed P and alpha_s over: O for dims
     // [256, 512) with P read from shared memory by the tensor cores.
@@ -3165,18 +3188,38 @@ __global__ void __launch_bounds__(
       // 0's scores of tile i + 1 issued right behind its P V of tile i, ahead of warpgroup 1's:
       // 989-991 -> 1626-1630 us, likely the same cause; run 27.)
       if (g == 0) {
+        mbar_wait(&full[0], 0);
+        fence_proxy_async();  // the tile's copies, landed, for the tensor cores
+        int n_tile = count_s[0];
         for (int i = 0;; ++i) {
           const int st = i & 1;
-          mbar_wait(&full[st], (i >> 1) & 1);
-          fence_proxy_async();  // the tile's copies, landed, for the tensor cores
-          const int n_tile = count_s[i % kSlotBufs];
+          if (n_tile < 0) {  // tile i had not landed while P V of tile i - 1 ran
+            mbar_wait(&full[st], (i >> 1) & 1);
+            fence_proxy_async();
+            n_tile = count_s[i % kSlotBufs];
+          }
           if (n_tile == 0) {
             // Warpgroup 1 holds P of tile i - 1: p_full's next phase is free.
             if (i > 0) mbar_wait(p_empty, (i - 1) & 1);
             mbar_arrive(p_full);  // the end, to warpgroup 1
             break;
           }
-          scores_tile(i, smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens);
+          scores_tile(
+              i, smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens,
+              [&] {
+                if (i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 1 holds P of tile i - 1
+              },
+              [&] {
+                // Tile i + 1 (or the end marker), while P V of tile i runs, if it has landed;
+                // else it is waited for after this tile's stage is freed (n_tile = -1): waited
+                // for here unconditionally, a late tile held the stage's release back, and with
+                // it the next copy (sparse bf16 128 x top-2048 183-184 -> 200-201 us).
+                n_tile = -1;
+                if (mbar_test(&full[st ^ 1], ((i + 1) >> 1) & 1)) {
+                  fence_proxy_async();
+                  n_tile = count_s[(i + 1) % kSlotBufs];
+                }
+              });
           mbar_arrive(&empty[st]);  // this warpgroup's reads of the stage are done
         }
       } else {
@@ -3214,7 +3257,8 @@ __global__ void __launch_bounds__(
         cta_handover(&empty[0], i & 1);                 // tile_ready
         if (i == 0 && a.q_tma) mbar_wait(&full[1], 0);  // q_full: the query block is in
         if (g == 0) {
-          scores_tile(i, smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens);
+          scores_tile(
+              i, smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens, [] {}, [] {});
         } else {
           mbar_wait(p_full, i & 1);  // P and alpha_s of tile i
           values_tile_ss(smem_u32(stage(0)));
