@@ -3082,7 +3082,7 @@ __global__ void __launch_bounds__(
     // first and 230 in the second (with the proxy fence after it) of a 3670-cycle tile, the
     // tensor cores idle meanwhile; dense bf16 128 heads 64 x 32K 990-992 -> 960-964 us, 8 x 32K
     // 145-147 -> 142, 64 x 128K 4411-4485 -> 4349 (docs/performance.md, run 27).
-    auto scores_tile = [&](int i, std::uint32_t k_s, const int* slots, auto&& during_scores,
+    auto scores_tile = [&](std::uint32_t k_s, const int* slots, auto&& during_scores,
                            auto&& during_values) {
       float s[32];  // s[4 jn + e]: (r0, token 8 jn + 2 (lane mod 4) + e), [+ 2]: r1
       wgmma_fence();
@@ -3205,7 +3205,7 @@ __global__ void __launch_bounds__(
             break;
           }
           scores_tile(
-              i, smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens,
+              smem_u32(stage(st)), slot_s + (i % kSlotBufs) * kTileTokens,
               [&] {
                 if (i > 0) mbar_wait(p_empty, (i - 1) & 1);  // warpgroup 1 holds P of tile i - 1
               },
@@ -3258,7 +3258,7 @@ __global__ void __launch_bounds__(
         if (i == 0 && a.q_tma) mbar_wait(&full[1], 0);  // q_full: the query block is in
         if (g == 0) {
           scores_tile(
-              i, smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens, [] {}, [] {});
+              smem_u32(stage(0)), slot_s + (i % kSlotBufs) * kTileTokens, [] {}, [] {});
         } else {
           mbar_wait(p_full, i & 1);  // P and alpha_s of tile i
           values_tile_ss(smem_u32(stage(0)));
