@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -261,6 +262,53 @@ double median_us_behind_flush(Fn&& fn, cudaStream_t stream, void* flush, std::si
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
+}
+
+/// One thread counts clock64() cycles over `ns` nanoseconds of %globaltimer; *mhz = the ratio.
+static __global__ void sm_clock_kernel(double* mhz, unsigned long long ns) {
+  const unsigned long long t0 = globaltimer_ns();
+  const long long c0 = clock64();
+  unsigned long long t1 = t0;
+  while (t1 - t0 < ns) t1 = globaltimer_ns();
+  const long long c1 = clock64();
+  *mhz = 1e3 * double(c1 - c0) / double(t1 - t0);
+}
+
+/// The SM clock in MHz at this point of `stream` (about 200 us of one thread spinning; the power
+/// manager moves the clock on a scale of 100 ms, so right behind timed calls this is the clock
+/// they ran at).
+inline double sm_clock_mhz(cudaStream_t stream) {
+  double* d = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&d, sizeof(double)));
+  sm_clock_kernel<<<1, 1, 0, stream>>>(d, 200000ull);
+  double mhz = 0;
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess)
+    DCPATTN_CUDA_CHECK(cudaMemcpyAsync(&mhz, d, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaFree(d);
+  DCPATTN_CUDA_CHECK(e);
+  return mhz;
+}
+
+/// Keeps the GPU busy with `fn()` for about `ms` milliseconds of wall time (batches of 8 calls,
+/// a synchronization between batches). At the start of a sustained load the H200's power manager
+/// holds the SM clock near 1.6 GHz for a few hundred milliseconds (reason: software power cap),
+/// then lets it rise to 1.98 GHz; a benchmark that starts timing at once measures that dip.
+template <class Fn>
+void sustain(Fn&& fn, cudaStream_t stream, double ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
+         ms) {
+    for (int i = 0; i < 8; ++i) fn();
+    DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+}
+
+/// DCPATTN_BENCH_WARMUP_MS (default `fallback`): the sustained load before each case's timing.
+inline double warmup_ms(double fallback) {
+  const char* v = std::getenv("DCPATTN_BENCH_WARMUP_MS");
+  return v != nullptr ? std::atof(v) : fallback;
 }
 
 /// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured on a buffer

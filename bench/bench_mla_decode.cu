@@ -57,6 +57,9 @@ using dcpattn::bench::uniform;
 using dcpattn::bfloat16;
 using dcpattn::CacheFormat;
 constexpr std::int64_t kPage = 64;
+/// The sustained load before each case's second timing, ms (DCPATTN_BENCH_WARMUP_MS overrides
+/// it; 0 skips that timing).
+constexpr double kDefaultWarmupMs = 1000.0;
 
 /// Random ds_mla entries: finite e4m3 codes, positive group scales, bf16 RoPE values.
 __global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t seed) {
@@ -204,16 +207,33 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   };
   const char* flush_env = std::getenv("DCPATTN_BENCH_FLUSH");
   const bool write_flush = flush_env != nullptr && std::string(flush_env) == "write";
-  const double us = dcpattn::bench::median_us_flushed(
-      call, stream, flush, flush_bytes, 5, 30,
-      write_flush ? dcpattn::bench::Flush::write : dcpattn::bench::Flush::read);
+  const dcpattn::bench::Flush flush_mode =
+      write_flush ? dcpattn::bench::Flush::write : dcpattn::bench::Flush::read;
+  const double us =
+      dcpattn::bench::median_us_flushed(call, stream, flush, flush_bytes, 5, 30, flush_mode);
+  const double sm_mhz = dcpattn::bench::sm_clock_mhz(stream);
   // Calls under 1 ms also as CUDA-graph replays of 10 back-to-back calls (no host launch work,
   // no flush: a small case's inputs then sit in L2): what a graph-captured decode step sees.
   const double graph_us =
       us < 1000.0 ? dcpattn::bench::median_us_graph(call, stream, 10, 3, 10) : -1.0;
-  const double behind_us = dcpattn::bench::median_us_behind_flush(
-      call, stream, flush, flush_bytes, 5, 30,
-      write_flush ? dcpattn::bench::Flush::write : dcpattn::bench::Flush::read);
+  const double behind_us =
+      dcpattn::bench::median_us_behind_flush(call, stream, flush, flush_bytes, 5, 30, flush_mode);
+
+  // The same timing after a sustained load of flushes and calls (DCPATTN_BENCH_WARMUP_MS, 0:
+  // skipped): the clock a busy GPU settles at under its power limit (bench_common.cuh, sustain).
+  const double warm_ms = dcpattn::bench::warmup_ms(kDefaultWarmupMs);
+  double sustained_us = -1.0, sustained_mhz = -1.0;
+  if (warm_ms > 0) {
+    dcpattn::bench::sustain(
+        [&] {
+          dcpattn::bench::flush_l2(flush, flush_bytes, flush_mode, 0, stream);
+          call();
+        },
+        stream, warm_ms);
+    sustained_us =
+        dcpattn::bench::median_us_flushed(call, stream, flush, flush_bytes, 0, 30, flush_mode);
+    sustained_mhz = dcpattn::bench::sm_clock_mhz(stream);
+  }
 
   // The host's share of a call: what the CPU spends enqueueing it (the argument checks, the
   // tensor maps' encoding, the launches), the median over 20 calls enqueued back to back.
@@ -237,10 +257,12 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   const double gbs_behind = bytes / (behind_us * 1e3);
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
-      "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us%s%s\n",
+      "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us  %.0f MHz  "
+      "sustained %.1f us (%.1f TFLOP/s) %.0f MHz%s%s\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
-      flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us,
+      flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us, sm_mhz,
+      sustained_us, sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0, sustained_mhz,
       bf16_states ? "  (bf16 split states)" : "",
       c.sparse && p.num_splits > 1 && !p.split_topk_list ? "  (splits of positions)" : "");
   std::fflush(stdout);
@@ -258,6 +280,10 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("splits_of", c.sparse && p.split_topk_list ? "list" : "positions")
       .field("flush", write_flush ? "write" : "read")
       .field("median_us", us)
+      .field("sm_mhz", sm_mhz)
+      .field("sustained_ms", warm_ms)
+      .field("sustained_us", sustained_us)
+      .field("sustained_mhz", sustained_mhz)
       .field("graph_us", graph_us)
       .field("host_us", host_us)
       .field("tflops", tflops)
@@ -266,7 +292,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("pct_copy", 100.0 * gbs / copy_gbs)
       .field("behind_flush_us", behind_us)
       .field("tflops_behind_flush", flops / (behind_us * 1e6))
-      .field("pct_copy_behind_flush", 100.0 * gbs_behind / copy_gbs);
+      .field("pct_copy_behind_flush", 100.0 * gbs_behind / copy_gbs)
+      .field("tflops_sustained", sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0);
   return true;
 }
 

@@ -37,6 +37,7 @@ mla_decode_peer.py.
 import json
 import os
 import sys
+import time
 
 # The shapes, the scale, the flush buffer and the random caches are the PyTorch peer's (it exits
 # when PyTorch is missing).
@@ -57,8 +58,38 @@ def load_ops():
 ops = load_ops()
 
 
+# The sustained load before each case's second timing (bench_mla_decode's default; 0 skips it).
+WARMUP_MS = float(os.environ.get("DCPATTN_BENCH_WARMUP_MS", "1000"))
+
+
+def sustain(fn, ms):
+    """Keeps the GPU busy with flush and call for about ms milliseconds (as bench_common.cuh's
+    sustain: the clock the timing then sees is the one a busy GPU settles at)."""
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        for _ in range(8):
+            flush.sum()
+            fn()
+        torch.cuda.synchronize()
+
+
+def sm_clock_mhz(cycles=1000000):
+    """The SM clock in MHz where the stream stands: torch.cuda._sleep spins one thread for
+    `cycles` clock64() cycles (about 500 us at 1.98 GHz), timed by events. Enqueued behind the
+    timed calls (and launched once before, so that the module is loaded), it starts with no host
+    latency and tells the clock those calls ended at."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return cycles / (a.elapsed_time(b) * 1e3)
+
+
 def events_us(fn, reps=30, warmup=5):
-    """Median of event-bracketed calls, each behind an L2 flush that reads 256 MiB."""
+    """Median of event-bracketed calls, each behind an L2 flush that reads 256 MiB, and the SM
+    clock right behind them (MHz)."""
+    torch.cuda._sleep(1000)  # loads the spin kernel's module before the clock is read
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -68,9 +99,10 @@ def events_us(fn, reps=30, warmup=5):
         a.record()
         fn()
         b.record()
+    mhz = sm_clock_mhz()
     torch.cuda.synchronize()
     t = sorted(a.elapsed_time(b) * 1000.0 for a, b in ev)
-    return t[len(t) // 2]
+    return t[len(t) // 2], mhz
 
 
 def behind_flush_us(fn, reps=30, warmup=5):
@@ -166,20 +198,26 @@ def run(kind, fmt, B, L, H, records, check_err):
         print(f"{kind} {fmt} B={B} L={L} H={H}: skipped (memory)")
         return
     q, fn, _ = setup(kind, fmt, B, L, H)
-    us = events_us(fn)
+    us, mhz = events_us(fn)
     behind = behind_flush_us(fn)
+    sus_us, sus_mhz = -1.0, -1.0
+    if WARMUP_MS > 0:
+        sustain(fn, WARMUP_MS)
+        sus_us, sus_mhz = events_us(fn, warmup=0)
     flops = 2.0 * B * H * n * (QK + V)
     nbytes = B * n * entry + B * H * QK * 2 + B * H * V * 2 + B * H * 4
     label = "dense" if kind in ("dense", "all") else "sparse"
     rec = dict(kernel=label, cache=fmt, batch=B, context=L, heads=H, topk=TOPK if kind == "sparse" else 0,
-               median_us=us, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
+               median_us=us, sm_mhz=mhz, sustained_ms=WARMUP_MS, sustained_us=sus_us, sustained_mhz=sus_mhz,
+               tflops_sustained=flops / (sus_us * 1e6) if sus_us > 0 else -1.0, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
                tflops_behind_flush=flops / (behind * 1e6), peer="flashmla",
                path={"dense": "dense paged kernel", "sparse": "sparse fp8 kernel",
                      "all": "sparse fp8 kernel given every position"}[kind],
                check_max_abs_err=check_err)
     records.append(rec)
     print(f"{label:6s} {fmt:4s} B={B:4d} L={L:7d} H={H:4d}  {us:9.1f} us  {rec['tflops']:6.1f} TFLOP/s  "
-          f"{rec['gbs']:6.0f} GB/s  behind flush {behind:9.1f} us  {rec['tflops_behind_flush']:6.1f} TFLOP/s",
+          f"{rec['gbs']:6.0f} GB/s  behind flush {behind:9.1f} us  {rec['tflops_behind_flush']:6.1f} TFLOP/s  "
+          f"{mhz:5.0f} MHz  sustained {sus_us:9.1f} us {sus_mhz:5.0f} MHz",
           flush=True)
     del q, fn
     torch.cuda.empty_cache()
