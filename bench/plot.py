@@ -228,16 +228,29 @@ def plot_mla(plt, records, out_dir):
         colors = {("dcpattn", "bf16"): "tab:blue", ("dcpattn", "fp8"): "tab:orange",
                   ("flashmla", "bf16"): "tab:cyan", ("flashmla", "fp8"): "tab:red",
                   ("pytorch_eager", "bf16"): "tab:gray", ("pytorch_eager", "fp8"): "tab:brown"}
+        def sustained(r):
+            # The same case timed after a sustained load (bench_common.cuh, sustain), if it was.
+            t = r.get("sustained_us")
+            if not isinstance(t, (int, float)) or t <= 0:
+                return None
+            return r["tflops_sustained"] if metric == "tflops" else r[metric] * r["median_us"] / t
+
         for impl in ("dcpattn", "flashmla", "pytorch_eager"):
             for cache in ("bf16", "fp8"):
-                pts = sorted((r["batch"], r[metric]) for r in rows
-                             if r["kernel"] == kind and r["heads"] == heads
-                             and int(r["context"]) == ctx and r["cache"] == cache
-                             and r.get("peer", "dcpattn") == impl and metric in r)
+                sel = [r for r in rows
+                       if r["kernel"] == kind and r["heads"] == heads
+                       and int(r["context"]) == ctx and r["cache"] == cache
+                       and r.get("peer", "dcpattn") == impl and metric in r]
+                pts = sorted((r["batch"], r[metric]) for r in sel)
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                             linestyle=styles[impl], color=colors[(impl, cache)],
                             label=f"{names[impl]} {cache}")
+                pts = sorted((r["batch"], sustained(r)) for r in sel if sustained(r) is not None)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x", markersize=5,
+                            linestyle=styles[impl], linewidth=0.8, alpha=0.7,
+                            color=colors[(impl, cache)], label=f"{names[impl]} {cache}, sustained")
         ref = ceil.get("matmul_tflops") if metric == "tflops" else ceil.get("copy_gbs")
         if ref:
             ax.axhline(ref, color="gray", linestyle=":",
