@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include "dcpattn/core/numeric.hpp"
 #include "dcpattn/error.hpp"
@@ -303,6 +304,77 @@ void sustain(Fn&& fn, cudaStream_t stream, double ms) {
     for (int i = 0; i < 8; ++i) fn();
     DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
+}
+
+/// The GPU's energy counter (NVML's total energy consumption, mJ), reached through the driver's
+/// libnvidia-ml.so.1 at run time so that the benchmarks neither link nor need NVML: where the
+/// library, a symbol or the device is missing, available() is false and mj() returns -1.
+class EnergyCounter {
+ public:
+  explicit EnergyCounter(int cuda_device) {
+    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) return;
+    using Init = int (*)();
+    using ByPci = int (*)(const char*, void**);
+    const auto init = reinterpret_cast<Init>(dlsym(lib_, "nvmlInit_v2"));
+    const auto by_pci = reinterpret_cast<ByPci>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
+    get_ = reinterpret_cast<Get>(dlsym(lib_, "nvmlDeviceGetTotalEnergyConsumption"));
+    char bus[32] = {};
+    if (init == nullptr || by_pci == nullptr || get_ == nullptr || init() != 0 ||
+        cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), cuda_device) != cudaSuccess ||
+        by_pci(bus, &device_) != 0) {
+      get_ = nullptr;
+      return;
+    }
+    unsigned long long e = 0;
+    if (get_(device_, &e) != 0) get_ = nullptr;  // no counter on this GPU (before Volta)
+  }
+  EnergyCounter(const EnergyCounter&) = delete;
+  EnergyCounter& operator=(const EnergyCounter&) = delete;
+  ~EnergyCounter() {
+    if (lib_ != nullptr) dlclose(lib_);
+  }
+  bool available() const { return get_ != nullptr; }
+  /// Millijoules since the driver was loaded, or -1.
+  double mj() const {
+    unsigned long long e = 0;
+    return get_ != nullptr && get_(device_, &e) == 0 ? double(e) : -1.0;
+  }
+
+ private:
+  using Get = int (*)(void*, unsigned long long*);
+  void* lib_ = nullptr;
+  void* device_ = nullptr;
+  Get get_ = nullptr;
+};
+
+/// Energy per call: `fn()` back to back for about `ms` milliseconds (batches of 8, a
+/// synchronization between batches), the counter read at the window's two ends. The counter
+/// advances in steps of tens of milliseconds, so windows of several hundred milliseconds are
+/// needed. {mJ per call, mean W, calls}, or {-1, -1, 0} without a counter.
+struct EnergyPerCall {
+  double mj_per_call = -1.0, watts = -1.0;
+  long calls = 0;
+};
+template <class Fn>
+EnergyPerCall energy_per_call(Fn&& fn, cudaStream_t stream, double ms, const EnergyCounter& ec) {
+  EnergyPerCall r;
+  if (!ec.available() || ms <= 0) return r;
+  DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double e0 = ec.mj();
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < ms) {
+    for (int i = 0; i < 8; ++i) fn();
+    r.calls += 8;
+    DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double e1 = ec.mj();
+  if (e0 < 0 || e1 < 0) return r;
+  r.mj_per_call = (e1 - e0) / double(r.calls);
+  r.watts = (e1 - e0) / elapsed;  // mJ / ms
+  return r;
 }
 
 /// DCPATTN_BENCH_WARMUP_MS (default `fallback`): the sustained load before each case's timing.

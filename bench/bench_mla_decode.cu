@@ -60,6 +60,8 @@ constexpr std::int64_t kPage = 64;
 /// The sustained load before each case's second timing, ms (DCPATTN_BENCH_WARMUP_MS overrides
 /// it; 0 skips that timing).
 constexpr double kDefaultWarmupMs = 1000.0;
+/// The window of back-to-back calls whose energy is read, ms (DCPATTN_BENCH_ENERGY_MS).
+constexpr double kDefaultEnergyMs = 500.0;
 
 /// Random ds_mla entries: finite e4m3 codes, positive group scales, bf16 RoPE values.
 __global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t seed) {
@@ -99,7 +101,8 @@ std::string format_name(CacheFormat f) {
 
 /// Runs one case; returns false (and records nothing) when it does not fit in device memory.
 bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs, void* flush,
-              std::size_t flush_bytes, dcpattn::bench::JsonRecords& json) {
+              std::size_t flush_bytes, const dcpattn::bench::EnergyCounter& energy,
+              dcpattn::bench::JsonRecords& json) {
   const int B = c.batch, H = c.heads;
   const std::int64_t L = c.context;
   const std::int64_t pages_per_req = (L + kPage - 1) / kPage;
@@ -234,6 +237,12 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
         dcpattn::bench::median_us_flushed(call, stream, flush, flush_bytes, 0, 30, flush_mode);
     sustained_mhz = dcpattn::bench::sm_clock_mhz(stream);
   }
+  // Then the energy of a call: calls back to back for DCPATTN_BENCH_ENERGY_MS (default 500; 0
+  // skips it), the GPU's energy counter read at both ends (-1 where the driver has no NVML).
+  const char* energy_env = std::getenv("DCPATTN_BENCH_ENERGY_MS");
+  const double energy_ms = energy_env != nullptr ? std::atof(energy_env) : kDefaultEnergyMs;
+  const dcpattn::bench::EnergyPerCall epc =
+      dcpattn::bench::energy_per_call(call, stream, energy_ms, energy);
 
   // The host's share of a call: what the CPU spends enqueueing it (the argument checks, the
   // tensor maps' encoding, the launches), the median over 20 calls enqueued back to back.
@@ -258,11 +267,12 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
       "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us  %.0f MHz  "
-      "sustained %.1f us (%.1f TFLOP/s) %.0f MHz%s%s\n",
+      "sustained %.1f us (%.1f TFLOP/s) %.0f MHz  %.2f mJ/call (%.0f W)%s%s\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
       flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us, sm_mhz,
       sustained_us, sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0, sustained_mhz,
+      epc.mj_per_call, epc.watts,
       bf16_states ? "  (bf16 split states)" : "",
       c.sparse && p.num_splits > 1 && !p.split_topk_list ? "  (splits of positions)" : "");
   std::fflush(stdout);
@@ -293,7 +303,11 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("behind_flush_us", behind_us)
       .field("tflops_behind_flush", flops / (behind_us * 1e6))
       .field("pct_copy_behind_flush", 100.0 * gbs_behind / copy_gbs)
-      .field("tflops_sustained", sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0);
+      .field("tflops_sustained", sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0)
+      .field("energy_ms", energy_ms)
+      .field("energy_calls", double(epc.calls))
+      .field("energy_mj_per_call", epc.mj_per_call)
+      .field("energy_watts", epc.watts);
   return true;
 }
 
@@ -312,6 +326,8 @@ int main(int argc, char** argv) {
                 prop.multiProcessorCount, copy_gbs);
     const std::size_t flush_bytes = std::size_t(256) << 20;
     DeviceBuffer flush(flush_bytes);
+    const dcpattn::bench::EnergyCounter energy(dev);
+    std::printf("energy counter: %s\n", energy.available() ? "NVML" : "none (no NVML)");
     dcpattn::bench::JsonRecords json;
     // DCPATTN_BENCH_QUICK=1: a few representative cases only.
     const bool quick = std::getenv("DCPATTN_BENCH_QUICK") != nullptr;
@@ -340,7 +356,8 @@ int main(int argc, char** argv) {
                                 format_name(c.format) + " B=" + std::to_string(c.batch) +
                                 " L=" + std::to_string(c.context) + " H=" + std::to_string(c.heads);
       if (filter && label.find(filter) == std::string::npos) continue;
-      if (!run_case(c, stream, prop.multiProcessorCount, copy_gbs, flush.ptr, flush_bytes, json))
+      if (!run_case(c, stream, prop.multiProcessorCount, copy_gbs, flush.ptr, flush_bytes, energy,
+                    json))
         std::printf("skipped (does not fit): B=%d L=%lld\n", c.batch, (long long)c.context);
     }
     json.write(dcpattn::bench::json_path(argc, argv, "mla_decode.json"));

@@ -86,6 +86,59 @@ def sm_clock_mhz(cycles=1000000):
     return cycles / (a.elapsed_time(b) * 1e3)
 
 
+# The window of back-to-back calls whose energy is read (bench_mla_decode's default; 0 skips it).
+ENERGY_MS = float(os.environ.get("DCPATTN_BENCH_ENERGY_MS", "500"))
+
+
+class EnergyCounter:
+    """NVML's total energy counter of this GPU (mJ), through the driver's libnvidia-ml.so.1 by
+    ctypes, as bench_common.cuh's EnergyCounter; mj() is -1 where it is missing."""
+
+    def __init__(self):
+        import ctypes
+        self._get = None
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return
+            dev = ctypes.c_void_p()
+            p = torch.cuda.get_device_properties(torch.cuda.current_device())
+            bus = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0".encode()
+            if lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(dev)) != 0:
+                return
+            e = ctypes.c_ulonglong()
+            if lib.nvmlDeviceGetTotalEnergyConsumption(dev, ctypes.byref(e)) != 0:
+                return
+            self._lib, self._dev, self._e, self._ct = lib, dev, e, ctypes
+            self._get = lib.nvmlDeviceGetTotalEnergyConsumption
+        except (OSError, AttributeError):
+            self._get = None
+
+    def mj(self):
+        if self._get is None or self._get(self._dev, self._ct.byref(self._e)) != 0:
+            return -1.0
+        return float(self._e.value)
+
+
+energy = EnergyCounter()
+
+
+def energy_per_call(fn, ms):
+    """mJ per call and mean W over calls back to back for about ms milliseconds (-1 without a
+    counter), as bench_common.cuh's energy_per_call."""
+    if ms <= 0 or energy.mj() < 0:
+        return -1.0, -1.0
+    torch.cuda.synchronize()
+    e0, t0, calls = energy.mj(), time.perf_counter(), 0
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        for _ in range(8):
+            fn()
+        calls += 8
+        torch.cuda.synchronize()
+    e1, t1 = energy.mj(), time.perf_counter()
+    return (e1 - e0) / calls, (e1 - e0) / ((t1 - t0) * 1e3)
+
+
 def events_us(fn, reps=30, warmup=5):
     """Median of event-bracketed calls, each behind an L2 flush that reads 256 MiB, and the SM
     clock right behind them (MHz)."""
@@ -204,12 +257,14 @@ def run(kind, fmt, B, L, H, records, check_err):
     if WARMUP_MS > 0:
         sustain(fn, WARMUP_MS)
         sus_us, sus_mhz = events_us(fn, warmup=0)
+    mj, watts = energy_per_call(fn, ENERGY_MS)
     flops = 2.0 * B * H * n * (QK + V)
     nbytes = B * n * entry + B * H * QK * 2 + B * H * V * 2 + B * H * 4
     label = "dense" if kind in ("dense", "all") else "sparse"
     rec = dict(kernel=label, cache=fmt, batch=B, context=L, heads=H, topk=TOPK if kind == "sparse" else 0,
                median_us=us, sm_mhz=mhz, sustained_ms=WARMUP_MS, sustained_us=sus_us, sustained_mhz=sus_mhz,
-               tflops_sustained=flops / (sus_us * 1e6) if sus_us > 0 else -1.0, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
+               tflops_sustained=flops / (sus_us * 1e6) if sus_us > 0 else -1.0,
+               energy_ms=ENERGY_MS, energy_mj_per_call=mj, energy_watts=watts, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
                tflops_behind_flush=flops / (behind * 1e6), peer="flashmla",
                path={"dense": "dense paged kernel", "sparse": "sparse fp8 kernel",
                      "all": "sparse fp8 kernel given every position"}[kind],
@@ -217,7 +272,7 @@ def run(kind, fmt, B, L, H, records, check_err):
     records.append(rec)
     print(f"{label:6s} {fmt:4s} B={B:4d} L={L:7d} H={H:4d}  {us:9.1f} us  {rec['tflops']:6.1f} TFLOP/s  "
           f"{rec['gbs']:6.0f} GB/s  behind flush {behind:9.1f} us  {rec['tflops_behind_flush']:6.1f} TFLOP/s  "
-          f"{mhz:5.0f} MHz  sustained {sus_us:9.1f} us {sus_mhz:5.0f} MHz",
+          f"{mhz:5.0f} MHz  sustained {sus_us:9.1f} us {sus_mhz:5.0f} MHz  {mj:.2f} mJ/call ({watts:.0f} W)",
           flush=True)
     del q, fn
     torch.cuda.empty_cache()
