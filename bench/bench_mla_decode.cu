@@ -61,7 +61,7 @@ constexpr std::int64_t kPage = 64;
 /// it; 0 skips that timing).
 constexpr double kDefaultWarmupMs = 1000.0;
 /// The window of back-to-back calls whose energy is read, ms (DCPATTN_BENCH_ENERGY_MS).
-constexpr double kDefaultEnergyMs = 500.0;
+constexpr double kDefaultEnergyMs = 1000.0;
 
 /// Random ds_mla entries: finite e4m3 codes, positive group scales, bf16 RoPE values.
 __global__ void fill_fp8(std::uint8_t* p, std::size_t entries, std::uint64_t seed) {
@@ -237,7 +237,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
         dcpattn::bench::median_us_flushed(call, stream, flush, flush_bytes, 0, 30, flush_mode);
     sustained_mhz = dcpattn::bench::sm_clock_mhz(stream);
   }
-  // Then the energy of a call: calls back to back for DCPATTN_BENCH_ENERGY_MS (default 500; 0
+  // Then the energy of a call: calls back to back for DCPATTN_BENCH_ENERGY_MS (default 1000; 0
   // skips it), the GPU's energy counter read at both ends (-1 where the driver has no NVML).
   const char* energy_env = std::getenv("DCPATTN_BENCH_ENERGY_MS");
   const double energy_ms = energy_env != nullptr ? std::atof(energy_env) : kDefaultEnergyMs;

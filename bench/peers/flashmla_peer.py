@@ -87,7 +87,7 @@ def sm_clock_mhz(cycles=1000000):
 
 
 # The window of back-to-back calls whose energy is read (bench_mla_decode's default; 0 skips it).
-ENERGY_MS = float(os.environ.get("DCPATTN_BENCH_ENERGY_MS", "500"))
+ENERGY_MS = float(os.environ.get("DCPATTN_BENCH_ENERGY_MS", "1000"))
 
 
 class EnergyCounter:
