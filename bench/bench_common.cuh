@@ -293,9 +293,11 @@ inline double sm_clock_mhz(cudaStream_t stream) {
 }
 
 /// Keeps the GPU busy with `fn()` for about `ms` milliseconds of wall time (batches of 8 calls,
-/// a synchronization between batches). At the start of a sustained load the H200's power manager
-/// holds the SM clock near 1.6 GHz for a few hundred milliseconds (reason: software power cap),
-/// then lets it rise to 1.98 GHz; a benchmark that starts timing at once measures that dip.
+/// a synchronization between batches). Within 100-200 ms of a heavy load the H200's power manager
+/// lowers the SM clock (reason: software power cap, 700 W): the dense bf16 MLA decode kernels at
+/// 128 heads settle at 1.5-1.7 GHz instead of 1.98, while lighter kernels keep 1.98 GHz. A
+/// benchmark that times a case in its first milliseconds measures the unthrottled clock, or,
+/// in a sweep, whatever clock the cases before it left (docs/performance.md, run 28).
 template <class Fn>
 void sustain(Fn&& fn, cudaStream_t stream, double ms) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -28,6 +28,10 @@
 // several hundred us the second runs slower instead: the SM clock drops under the sustained load
 // of a flush and a long call back to back (docs/performance.md, run 20). TFLOP/s and % of copy are
 // given for both.
+// `sustained`: the first timing again after a second of flushes and calls back to back
+// (DCPATTN_BENCH_WARMUP_MS), the case's own steady state under the power limit; each timing with
+// the SM clock read right behind it (docs/performance.md, run 28). `mJ/call`: the GPU's energy
+// counter over a second of calls back to back (DCPATTN_BENCH_ENERGY_MS; -1 without NVML).
 // `host us`: the CPU time of one call's enqueue (checks, tensor-map encoding, launches).
 // JSON records go to argv[1] (default mla_decode.json).
 #include <algorithm>
