@@ -298,14 +298,22 @@ inline double sm_clock_mhz(cudaStream_t stream) {
 /// 128 heads settle at 1.5-1.7 GHz instead of 1.98, while lighter kernels keep 1.98 GHz. A
 /// benchmark that times a case in its first milliseconds measures the unthrottled clock, or,
 /// in a sweep, whatever clock the cases before it left (docs/performance.md, run 28).
+/// Returns the calls made and the milliseconds they took.
+struct Sustained {
+  long calls = 0;
+  double ms = 0.0;
+};
 template <class Fn>
-void sustain(Fn&& fn, cudaStream_t stream, double ms) {
+Sustained sustain(Fn&& fn, cudaStream_t stream, double ms) {
+  Sustained r;
   const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
-         ms) {
+  while (r.ms < ms) {
     for (int i = 0; i < 8; ++i) fn();
+    r.calls += 8;
     DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
+  return r;
 }
 
 /// The GPU's energy counter (NVML's total energy consumption, mJ), reached through the driver's
@@ -350,8 +358,8 @@ class EnergyCounter {
   Get get_ = nullptr;
 };
 
-/// Energy per call: `fn()` back to back for about `ms` milliseconds (batches of 8, a
-/// synchronization between batches), the counter read at the window's two ends. The counter
+/// Energy per call: `fn()` back to back for about `ms` milliseconds (sustain), the counter read at
+/// the window's two ends. The counter
 /// advances in steps of tens of milliseconds, so windows of several hundred milliseconds are
 /// needed. {mJ per call, mean W, calls}, or {-1, -1, 0} without a counter.
 struct EnergyPerCall {
@@ -364,25 +372,13 @@ EnergyPerCall energy_per_call(Fn&& fn, cudaStream_t stream, double ms, const Ene
   if (!ec.available() || ms <= 0) return r;
   DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   const double e0 = ec.mj();
-  const auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  while (elapsed < ms) {
-    for (int i = 0; i < 8; ++i) fn();
-    r.calls += 8;
-    DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-    elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
+  const Sustained run = sustain(fn, stream, ms);
   const double e1 = ec.mj();
+  r.calls = run.calls;
   if (e0 < 0 || e1 < 0) return r;
-  r.mj_per_call = (e1 - e0) / double(r.calls);
-  r.watts = (e1 - e0) / elapsed;  // mJ / ms
+  r.mj_per_call = (e1 - e0) / double(run.calls);
+  r.watts = (e1 - e0) / run.ms;  // mJ / ms
   return r;
-}
-
-/// DCPATTN_BENCH_WARMUP_MS (default `fallback`): the sustained load before each case's timing.
-inline double warmup_ms(double fallback) {
-  const char* v = std::getenv("DCPATTN_BENCH_WARMUP_MS");
-  return v != nullptr ? std::atof(v) : fallback;
 }
 
 /// Device-to-device copy bandwidth in GB/s (bytes read + bytes written), measured on a buffer

@@ -63,14 +63,24 @@ WARMUP_MS = float(os.environ.get("DCPATTN_BENCH_WARMUP_MS", "1000"))
 
 
 def sustain(fn, ms):
-    """Keeps the GPU busy with flush and call for about ms milliseconds (as bench_common.cuh's
-    sustain: the clock the timing then sees is the one a busy GPU settles at)."""
-    t0 = time.perf_counter()
+    """Keeps the GPU busy with fn() for about ms milliseconds, batches of 8 calls with a
+    synchronization between them (as bench_common.cuh's sustain); returns the calls and the
+    seconds they took."""
+    t0, calls = time.perf_counter(), 0
     while (time.perf_counter() - t0) * 1e3 < ms:
         for _ in range(8):
-            flush.sum()
             fn()
+        calls += 8
         torch.cuda.synchronize()
+    return calls, time.perf_counter() - t0
+
+
+def flush_and(fn):
+    """fn behind an L2 flush, as the timed calls are: what the sustained load repeats."""
+    def both():
+        flush.sum()
+        fn()
+    return both
 
 
 def sm_clock_mhz(cycles=1000000):
@@ -129,14 +139,10 @@ def energy_per_call(fn, ms):
     if ms <= 0 or energy.mj() < 0:
         return -1.0, -1.0
     torch.cuda.synchronize()
-    e0, t0, calls = energy.mj(), time.perf_counter(), 0
-    while (time.perf_counter() - t0) * 1e3 < ms:
-        for _ in range(8):
-            fn()
-        calls += 8
-        torch.cuda.synchronize()
-    e1, t1 = energy.mj(), time.perf_counter()
-    return (e1 - e0) / calls, (e1 - e0) / ((t1 - t0) * 1e3)
+    e0 = energy.mj()
+    calls, seconds = sustain(fn, ms)
+    e1 = energy.mj()
+    return (e1 - e0) / calls, (e1 - e0) / (seconds * 1e3)
 
 
 def events_us(fn, reps=30, warmup=5):
@@ -255,7 +261,7 @@ def run(kind, fmt, B, L, H, records, check_err):
     behind = behind_flush_us(fn)
     sus_us, sus_mhz = -1.0, -1.0
     if WARMUP_MS > 0:
-        sustain(fn, WARMUP_MS)
+        sustain(flush_and(fn), WARMUP_MS)
         sus_us, sus_mhz = events_us(fn, warmup=0)
     mj, watts = energy_per_call(fn, ENERGY_MS)
     flops = 2.0 * B * H * n * (QK + V)
