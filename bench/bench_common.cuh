@@ -292,17 +292,17 @@ inline double sm_clock_mhz(cudaStream_t stream) {
   return mhz;
 }
 
+/// What sustain did: the calls it made and the milliseconds they took.
+struct Sustained {
+  long calls = 0;
+  double ms = 0.0;
+};
 /// Keeps the GPU busy with `fn()` for about `ms` milliseconds of wall time (batches of 8 calls,
 /// a synchronization between batches). Within 100-200 ms of a heavy load the H200's power manager
 /// lowers the SM clock (reason: software power cap, 700 W): the dense bf16 MLA decode kernels at
 /// 128 heads settle at 1.5-1.7 GHz instead of 1.98, while lighter kernels keep 1.98 GHz. A
 /// benchmark that times a case in its first milliseconds measures the unthrottled clock, or,
 /// in a sweep, whatever clock the cases before it left (docs/performance.md, run 28).
-/// Returns the calls made and the milliseconds they took.
-struct Sustained {
-  long calls = 0;
-  double ms = 0.0;
-};
 template <class Fn>
 Sustained sustain(Fn&& fn, cudaStream_t stream, double ms) {
   Sustained r;
