@@ -358,23 +358,27 @@ class EnergyCounter {
   Get get_ = nullptr;
 };
 
-/// Energy per call: `fn()` back to back for about `ms` milliseconds (sustain), the counter read at
-/// the window's two ends. The counter
-/// advances in steps of tens of milliseconds, so windows of several hundred milliseconds are
-/// needed. {mJ per call, mean W, calls}, or {-1, -1, 0} without a counter.
+/// Calls back to back: `fn()` for about `ms` milliseconds (sustain), the energy counter read at
+/// the window's two ends. `us_per_call` is the window's wall time over its calls: the steady-state
+/// time of a call that nothing separates from the next (no flush, no event; a busy GPU's clock),
+/// what a serving loop sees; it is measured with or without a counter. The counter advances in
+/// steps of tens of milliseconds, so windows of several hundred milliseconds are needed.
+/// {us per call, mJ per call, mean W, calls}; -1 for what was not measured (ms <= 0, or no
+/// counter for the energy).
 struct EnergyPerCall {
-  double mj_per_call = -1.0, watts = -1.0;
+  double us_per_call = -1.0, mj_per_call = -1.0, watts = -1.0;
   long calls = 0;
 };
 template <class Fn>
 EnergyPerCall energy_per_call(Fn&& fn, cudaStream_t stream, double ms, const EnergyCounter& ec) {
   EnergyPerCall r;
-  if (!ec.available() || ms <= 0) return r;
+  if (ms <= 0) return r;
   DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const double e0 = ec.mj();
+  const double e0 = ec.available() ? ec.mj() : -1.0;
   const Sustained run = sustain(fn, stream, ms);
-  const double e1 = ec.mj();
+  const double e1 = ec.available() ? ec.mj() : -1.0;
   r.calls = run.calls;
+  r.us_per_call = 1e3 * run.ms / double(run.calls);
   if (e0 < 0 || e1 < 0) return r;
   r.mj_per_call = (e1 - e0) / double(run.calls);
   r.watts = (e1 - e0) / run.ms;  // mJ / ms

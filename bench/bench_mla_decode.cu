@@ -30,8 +30,10 @@
 // given for both.
 // `sustained`: the first timing again after a second of flushes and calls back to back
 // (DCPATTN_BENCH_WARMUP_MS), the case's own steady state under the power limit; each timing with
-// the SM clock read right behind it (docs/performance.md, run 28). `mJ/call`: the GPU's energy
-// counter over a second of calls back to back (DCPATTN_BENCH_ENERGY_MS; -1 without NVML).
+// the SM clock read right behind it (docs/performance.md, run 28). `back to back` (`window_us`):
+// a second of calls with nothing between them (DCPATTN_BENCH_ENERGY_MS), its wall time over its
+// calls: the steady-state time a serving loop sees; `mJ/call`: the GPU's energy counter over the
+// same window (-1 without NVML; docs/performance.md, run 29).
 // `host us`: the CPU time of one call's enqueue (checks, tensor-map encoding, launches).
 // JSON records go to argv[1] (default mla_decode.json).
 #include <algorithm>
@@ -242,8 +244,9 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
         dcpattn::bench::median_us_flushed(call, stream, flush, flush_bytes, 0, 30, flush_mode);
     sustained_mhz = dcpattn::bench::sm_clock_mhz(stream);
   }
-  // Then the energy of a call: calls back to back for DCPATTN_BENCH_ENERGY_MS (default 1000; 0
-  // skips it), the GPU's energy counter read at both ends (-1 where the driver has no NVML).
+  // Then calls back to back for DCPATTN_BENCH_ENERGY_MS (default 1000; 0 skips it): their time
+  // per call, and their energy from the GPU's counter read at both ends (-1 where the driver has
+  // no NVML).
   const char* energy_env = std::getenv("DCPATTN_BENCH_ENERGY_MS");
   const double energy_ms = energy_env != nullptr ? std::atof(energy_env) : kDefaultEnergyMs;
   const dcpattn::bench::EnergyPerCall epc =
@@ -272,12 +275,12 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
       "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us  %.0f MHz  "
-      "sustained %.1f us (%.1f TFLOP/s) %.0f MHz  %.2f mJ/call (%.0f W)%s%s\n",
+      "sustained %.1f us (%.1f TFLOP/s) %.0f MHz  back to back %.1f us  %.2f mJ/call (%.0f W)%s%s\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
       flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us, sm_mhz,
       sustained_us, sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0, sustained_mhz,
-      epc.mj_per_call, epc.watts,
+      epc.us_per_call, epc.mj_per_call, epc.watts,
       bf16_states ? "  (bf16 split states)" : "",
       c.sparse && p.num_splits > 1 && !p.split_topk_list ? "  (splits of positions)" : "");
   std::fflush(stdout);
@@ -311,6 +314,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("tflops_sustained", sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0)
       .field("energy_ms", energy_ms)
       .field("energy_calls", double(epc.calls))
+      .field("window_us", epc.us_per_call)
+      .field("tflops_window", epc.us_per_call > 0 ? flops / (epc.us_per_call * 1e6) : -1.0)
       .field("energy_mj_per_call", epc.mj_per_call)
       .field("energy_watts", epc.watts);
   return true;

@@ -134,15 +134,20 @@ energy = EnergyCounter()
 
 
 def energy_per_call(fn, ms):
-    """mJ per call and mean W over calls back to back for about ms milliseconds (-1 without a
-    counter), as bench_common.cuh's energy_per_call."""
-    if ms <= 0 or energy.mj() < 0:
-        return -1.0, -1.0
+    """Calls back to back for about ms milliseconds (sustain), as bench_common.cuh's
+    energy_per_call: (us per call, mJ per call, mean W), -1 for what was not measured (ms <= 0,
+    or no counter for the energy). The calls are enqueued from Python: where a call takes less
+    GPU time than its enqueue (tens of us), the window measures the enqueue."""
+    if ms <= 0:
+        return -1.0, -1.0, -1.0
     torch.cuda.synchronize()
     e0 = energy.mj()
     calls, seconds = sustain(fn, ms)
     e1 = energy.mj()
-    return (e1 - e0) / calls, (e1 - e0) / (seconds * 1e3)
+    us = seconds * 1e6 / calls
+    if e0 < 0 or e1 < 0:
+        return us, -1.0, -1.0
+    return us, (e1 - e0) / calls, (e1 - e0) / (seconds * 1e3)
 
 
 def events_us(fn, reps=30, warmup=5):
@@ -263,14 +268,15 @@ def run(kind, fmt, B, L, H, records, check_err):
     if WARMUP_MS > 0:
         sustain(flush_and(fn), WARMUP_MS)
         sus_us, sus_mhz = events_us(fn, warmup=0)
-    mj, watts = energy_per_call(fn, ENERGY_MS)
+    window, mj, watts = energy_per_call(fn, ENERGY_MS)
     flops = 2.0 * B * H * n * (QK + V)
     nbytes = B * n * entry + B * H * QK * 2 + B * H * V * 2 + B * H * 4
     label = "dense" if kind in ("dense", "all") else "sparse"
     rec = dict(kernel=label, cache=fmt, batch=B, context=L, heads=H, topk=TOPK if kind == "sparse" else 0,
                median_us=us, sm_mhz=mhz, sustained_ms=WARMUP_MS, sustained_us=sus_us, sustained_mhz=sus_mhz,
                tflops_sustained=flops / (sus_us * 1e6) if sus_us > 0 else -1.0,
-               energy_ms=ENERGY_MS, energy_mj_per_call=mj, energy_watts=watts, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
+               energy_ms=ENERGY_MS, window_us=window,
+               tflops_window=flops / (window * 1e6) if window > 0 else -1.0, energy_mj_per_call=mj, energy_watts=watts, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
                tflops_behind_flush=flops / (behind * 1e6), peer="flashmla",
                path={"dense": "dense paged kernel", "sparse": "sparse fp8 kernel",
                      "all": "sparse fp8 kernel given every position"}[kind],
@@ -278,7 +284,8 @@ def run(kind, fmt, B, L, H, records, check_err):
     records.append(rec)
     print(f"{label:6s} {fmt:4s} B={B:4d} L={L:7d} H={H:4d}  {us:9.1f} us  {rec['tflops']:6.1f} TFLOP/s  "
           f"{rec['gbs']:6.0f} GB/s  behind flush {behind:9.1f} us  {rec['tflops_behind_flush']:6.1f} TFLOP/s  "
-          f"{mhz:5.0f} MHz  sustained {sus_us:9.1f} us {sus_mhz:5.0f} MHz  {mj:.2f} mJ/call ({watts:.0f} W)",
+          f"{mhz:5.0f} MHz  sustained {sus_us:9.1f} us {sus_mhz:5.0f} MHz  back to back {window:9.1f} us  "
+          f"{mj:.2f} mJ/call ({watts:.0f} W)",
           flush=True)
     del q, fn
     torch.cuda.empty_cache()
