@@ -275,13 +275,13 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   std::printf(
       "%-6s %-4s B=%4d L=%7lld H=%4d S=%2d I=%2d  %10.1f us  %7.1f TFLOP/s  %7.0f GB/s (%5.1f%% of "
       "copy)  behind flush %.1f us (%.1f TFLOP/s, %.1f%%)  graph %.1f us  host %.1f us  %.0f MHz  "
-      "sustained %.1f us (%.1f TFLOP/s) %.0f MHz  back to back %.1f us  %.2f mJ/call (%.0f W)%s%s\n",
+      "sustained %.1f us (%.1f TFLOP/s) %.0f MHz  back to back %.1f us  %.2f mJ/call (%.0f "
+      "W)%s%s\n",
       c.sparse ? "sparse" : "dense", format_name(c.format).c_str(), B, (long long)L, H,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
       flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us, sm_mhz,
       sustained_us, sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0, sustained_mhz,
-      epc.us_per_call, epc.mj_per_call, epc.watts,
-      bf16_states ? "  (bf16 split states)" : "",
+      epc.us_per_call, epc.mj_per_call, epc.watts, bf16_states ? "  (bf16 split states)" : "",
       c.sparse && p.num_splits > 1 && !p.split_topk_list ? "  (splits of positions)" : "");
   std::fflush(stdout);
   json.begin()
