@@ -133,21 +133,46 @@ class EnergyCounter:
 energy = EnergyCounter()
 
 
+def replay_of(fn, n=8):
+    """fn() n times captured as one CUDA graph, and a function that replays it; (None, 'eager')
+    where the capture fails. The peer's Python enqueue takes 79-84 us a call (run 29 of
+    docs/performance.md), longer than the GPU time of the small cases, so calls back to back are
+    replayed, as a graph-captured decode step would run them."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(n):
+                fn()
+        torch.cuda.synchronize()
+        return graph.replay, "graph"
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None, "eager"
+
+
 def energy_per_call(fn, ms):
     """Calls back to back for about ms milliseconds (sustain), as bench_common.cuh's
-    energy_per_call: (us per call, mJ per call, mean W), -1 for what was not measured (ms <= 0,
-    or no counter for the energy). The calls are enqueued from Python: where a call takes less
-    GPU time than its enqueue (tens of us), the window measures the enqueue."""
+    energy_per_call: (us per call, mJ per call, mean W, how the calls were launched), -1 for what
+    was not measured (ms <= 0, or no counter for the energy). The calls are replays of a CUDA
+    graph of 8 calls (replay_of), or, where the capture fails, enqueued from Python one by one."""
     if ms <= 0:
-        return -1.0, -1.0, -1.0
+        return -1.0, -1.0, -1.0, "none"
+    replay, launch = replay_of(fn)
+    per = 8 if replay is not None else 1
     torch.cuda.synchronize()
     e0 = energy.mj()
-    calls, seconds = sustain(fn, ms)
+    calls, seconds = sustain(replay if replay is not None else fn, ms)
     e1 = energy.mj()
+    calls *= per
     us = seconds * 1e6 / calls
     if e0 < 0 or e1 < 0:
-        return us, -1.0, -1.0
-    return us, (e1 - e0) / calls, (e1 - e0) / (seconds * 1e3)
+        return us, -1.0, -1.0, launch
+    return us, (e1 - e0) / calls, (e1 - e0) / (seconds * 1e3), launch
 
 
 def events_us(fn, reps=30, warmup=5):
@@ -268,14 +293,14 @@ def run(kind, fmt, B, L, H, records, check_err):
     if WARMUP_MS > 0:
         sustain(flush_and(fn), WARMUP_MS)
         sus_us, sus_mhz = events_us(fn, warmup=0)
-    window, mj, watts = energy_per_call(fn, ENERGY_MS)
+    window, mj, watts, window_launch = energy_per_call(fn, ENERGY_MS)
     flops = 2.0 * B * H * n * (QK + V)
     nbytes = B * n * entry + B * H * QK * 2 + B * H * V * 2 + B * H * 4
     label = "dense" if kind in ("dense", "all") else "sparse"
     rec = dict(kernel=label, cache=fmt, batch=B, context=L, heads=H, topk=TOPK if kind == "sparse" else 0,
                median_us=us, sm_mhz=mhz, sustained_ms=WARMUP_MS, sustained_us=sus_us, sustained_mhz=sus_mhz,
                tflops_sustained=flops / (sus_us * 1e6) if sus_us > 0 else -1.0,
-               energy_ms=ENERGY_MS, window_us=window,
+               energy_ms=ENERGY_MS, window_us=window, window_launch=window_launch,
                tflops_window=flops / (window * 1e6) if window > 0 else -1.0, energy_mj_per_call=mj, energy_watts=watts, tflops=flops / (us * 1e6), gbs=nbytes / (us * 1e3), behind_flush_us=behind,
                tflops_behind_flush=flops / (behind * 1e6), peer="flashmla",
                path={"dense": "dense paged kernel", "sparse": "sparse fp8 kernel",
