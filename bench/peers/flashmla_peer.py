@@ -29,7 +29,10 @@ Cases (those of bench_mla_decode that FlashMLA computes):
 Before timing, each kind is checked against a PyTorch reference in fp32 (the max abs error of o
 goes into the JSON record of that case); a kind whose check fails is not timed.
 Times, as bench_mla_decode: `median_us` is one call behind a 256 MiB L2 flush, CUDA events, median
-of 30; `behind_flush_us` is [flush, call] minus [flush], without the start event in between.
+of 30; `behind_flush_us` is [flush, call] minus [flush], without the start event in between;
+`sustained_us` the first timing again after a second of flushes and calls; `window_us` the time
+per call of a second of calls back to back (replays of a CUDA graph of 8 calls), with the GPU's
+energy over it (`energy_mj_per_call`, `energy_watts`).
 Writes a JSON array to argv[1] (default mla_decode_peer.flashmla.json: bench/plot.py draws files
 named mla_decode*.json, mla_decode_peer*.json into mla_decode.png). DCPATTN_BENCH_FILTER as in
 mla_decode_peer.py.
