@@ -365,13 +365,13 @@ class EnergyCounter {
 /// steps of tens of milliseconds, so windows of several hundred milliseconds are needed.
 /// {us per call, mJ per call, mean W, calls}; -1 for what was not measured (ms <= 0, or no
 /// counter for the energy).
-struct EnergyPerCall {
+struct BackToBack {
   double us_per_call = -1.0, mj_per_call = -1.0, watts = -1.0;
   long calls = 0;
 };
 template <class Fn>
-EnergyPerCall energy_per_call(Fn&& fn, cudaStream_t stream, double ms, const EnergyCounter& ec) {
-  EnergyPerCall r;
+BackToBack back_to_back(Fn&& fn, cudaStream_t stream, double ms, const EnergyCounter& ec) {
+  BackToBack r;
   if (ms <= 0) return r;
   DCPATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   const double e0 = ec.available() ? ec.mj() : -1.0;

@@ -66,7 +66,8 @@ constexpr std::int64_t kPage = 64;
 /// The sustained load before each case's second timing, ms (DCPATTN_BENCH_WARMUP_MS overrides
 /// it; 0 skips that timing).
 constexpr double kDefaultWarmupMs = 1000.0;
-/// The window of back-to-back calls whose energy is read, ms (DCPATTN_BENCH_ENERGY_MS).
+/// The window of back-to-back calls whose time and energy per call are read, ms
+/// (DCPATTN_BENCH_ENERGY_MS).
 constexpr double kDefaultEnergyMs = 1000.0;
 
 /// Random ds_mla entries: finite e4m3 codes, positive group scales, bf16 RoPE values.
@@ -249,8 +250,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
   // no NVML).
   const char* energy_env = std::getenv("DCPATTN_BENCH_ENERGY_MS");
   const double energy_ms = energy_env != nullptr ? std::atof(energy_env) : kDefaultEnergyMs;
-  const dcpattn::bench::EnergyPerCall epc =
-      dcpattn::bench::energy_per_call(call, stream, energy_ms, energy);
+  const dcpattn::bench::BackToBack window =
+      dcpattn::bench::back_to_back(call, stream, energy_ms, energy);
 
   // The host's share of a call: what the CPU spends enqueueing it (the argument checks, the
   // tensor maps' encoding, the launches), the median over 20 calls enqueued back to back.
@@ -281,7 +282,7 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
       flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us, sm_mhz,
       sustained_us, sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0, sustained_mhz,
-      epc.us_per_call, epc.mj_per_call, epc.watts, bf16_states ? "  (bf16 split states)" : "",
+      window.us_per_call, window.mj_per_call, window.watts, bf16_states ? "  (bf16 split states)" : "",
       c.sparse && p.num_splits > 1 && !p.split_topk_list ? "  (splits of positions)" : "");
   std::fflush(stdout);
   json.begin()
@@ -313,11 +314,11 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       .field("pct_copy_behind_flush", 100.0 * gbs_behind / copy_gbs)
       .field("tflops_sustained", sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0)
       .field("energy_ms", energy_ms)
-      .field("energy_calls", double(epc.calls))
-      .field("window_us", epc.us_per_call)
-      .field("tflops_window", epc.us_per_call > 0 ? flops / (epc.us_per_call * 1e6) : -1.0)
-      .field("energy_mj_per_call", epc.mj_per_call)
-      .field("energy_watts", epc.watts);
+      .field("energy_calls", double(window.calls))
+      .field("window_us", window.us_per_call)
+      .field("tflops_window", window.us_per_call > 0 ? flops / (window.us_per_call * 1e6) : -1.0)
+      .field("energy_mj_per_call", window.mj_per_call)
+      .field("energy_watts", window.watts);
   return true;
 }
 

@@ -158,11 +158,12 @@ def replay_of(fn, n=8):
         return None, "eager"
 
 
-def energy_per_call(fn, ms):
-    """Calls back to back for about ms milliseconds (sustain), as bench_common.cuh's
-    energy_per_call: (us per call, mJ per call, mean W, how the calls were launched), -1 for what
-    was not measured (ms <= 0, or no counter for the energy). The calls are replays of a CUDA
-    graph of 8 calls (replay_of), or, where the capture fails, enqueued from Python one by one."""
+def back_to_back(fn, ms):
+    """Calls back to back for about ms milliseconds (sustain), with the energy counter read at both
+    ends, like bench_common.cuh's back_to_back: (us per call, mJ per call, mean W, how the calls
+    were launched), -1 for what was not measured (ms <= 0, or no counter for the energy). Unlike
+    the C++ benchmark, whose launches take 4-11 us, the calls are replays of a CUDA graph of 8
+    calls (replay_of), or, where the capture fails, enqueued from Python one by one."""
     if ms <= 0:
         return -1.0, -1.0, -1.0, "none"
     replay, launch = replay_of(fn)
@@ -296,7 +297,7 @@ def run(kind, fmt, B, L, H, records, check_err):
     if WARMUP_MS > 0:
         sustain(flush_and(fn), WARMUP_MS)
         sus_us, sus_mhz = events_us(fn, warmup=0)
-    window, mj, watts, window_launch = energy_per_call(fn, ENERGY_MS)
+    window, mj, watts, window_launch = back_to_back(fn, ENERGY_MS)
     flops = 2.0 * B * H * n * (QK + V)
     nbytes = B * n * entry + B * H * QK * 2 + B * H * V * 2 + B * H * 4
     label = "dense" if kind in ("dense", "all") else "sparse"
