@@ -282,7 +282,8 @@ bool run_case(const Case& c, cudaStream_t stream, int sm_count, double copy_gbs,
       p.num_splits, p.interleave, us, tflops, gbs, 100.0 * gbs / copy_gbs, behind_us,
       flops / (behind_us * 1e6), 100.0 * gbs_behind / copy_gbs, graph_us, host_us, sm_mhz,
       sustained_us, sustained_us > 0 ? flops / (sustained_us * 1e6) : -1.0, sustained_mhz,
-      window.us_per_call, window.mj_per_call, window.watts, bf16_states ? "  (bf16 split states)" : "",
+      window.us_per_call, window.mj_per_call, window.watts,
+      bf16_states ? "  (bf16 split states)" : "",
       c.sparse && p.num_splits > 1 && !p.split_topk_list ? "  (splits of positions)" : "");
   std::fflush(stdout);
   json.begin()
