@@ -1419,6 +1419,29 @@ DCPATTN_DEVICE void wgmma_m64n16_rs([[maybe_unused]] float (&d)[8],
   __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
 }
+/// d (+)= A B^T for one m64n32k32 e4m3 tile, fp32 accumulation, A from registers (the 8-bit
+/// fragment of PTX ISA "Matrix Fragments for wgmma.mma_async.m64nNk32": warp w of the warpgroup
+/// holds rows [16 w, 16 w + 16); with g = lane / 4, c = lane % 4, a = {(g, 4c..4c+3), (g+8,
+/// 4c..), (g, 16+4c..), (g+8, 16+4c..)}, lowest byte first), B K-major in shared memory. d holds
+/// (g, 8 jn + 2c + e) in d[4 jn + e] and (g + 8, 8 jn + 2c + e) in d[4 jn + 2 + e], jn < 4.
+DCPATTN_DEVICE void wgmma_m64n32k32_e4m3_rs([[maybe_unused]] float (&d)[16],
+                                            [[maybe_unused]] const std::uint32_t (&a)[4],
+                                            [[maybe_unused]] std::uint64_t desc_b,
+                                            [[maybe_unused]] int accumulate) {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#else
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
+#endif
+}
 /// Waits until at most N committed wgmma groups of this warpgroup are pending.
 template <int N>
 DCPATTN_DEVICE void wgmma_wait() {
@@ -1586,9 +1609,9 @@ DCPATTN_DEVICE std::uint16_t q_bits(const GenericQ<QView>& q, std::int64_t t, in
   return bf16_bits_of(q.q(t, std::int64_t(h), std::int64_t(d)));
 }
 
-/// The column of query dim d in the narrow fp8 kernel's query block (kperm_column): within each
-/// 16-dim k-step, the 4 dims [4 c, 4 c + 4) a thread reads from a cache entry with one 32-bit load
-/// are the fragment columns {2 c, 2 c + 1, 2 c + 8, 2 c + 9} that lane c % 4 of the register
+/// The column of RoPE dim d in the narrow fp8 kernel's query block (kperm_column): within each
+/// 16-dim k-step, the 4 bf16 dims [4 c, 4 c + 4) a thread reads from a cache entry with one 64-bit
+/// load are the fragment columns {2 c, 2 c + 1, 2 c + 8, 2 c + 9} that lane c % 4 of the register
 /// A operand holds (wgmma_m64n16_rs). Permuting the columns of Q and K alike gives the same
 /// products; the order in which the tensor cores sum a k-step's 16 products is theirs either way.
 DCPATTN_HOST_DEVICE constexpr int kperm_column(int d) {
@@ -1615,25 +1638,34 @@ DCPATTN_DEVICE float pow2i(int e) {
 }
 
 /// The narrow fp8 kernel's query block (rows [h0, h0 + kNarrowHeads) of token t; rows >= heads
-/// zero), with the columns permuted by kperm_column (pairs of dims stay together):
-///   - the 512 latent dims in f16, each head's row scaled by 2^tau_h so that its largest
-///     magnitude lies in [2^14, 2^15): every value the bf16 query holds down to 2^-10 of that
-///     maximum is exact in f16 (11 significant bits against bf16's 8), and the smaller ones, whose
-///     share of a score is below 2^-24 of the largest term, round to f16 subnormals;
-///   - the 64 RoPE dims (column block 8) in bf16 as given;
+/// zero), each head's row scaled by 2^tau_h so that its largest magnitude lies in [2^7, 2^8):
+///   - the 512 latent dims as two e4m3 parts, x 2^tau = hi + lo (hi = e4m3(x 2^tau), lo =
+///     e4m3(x 2^tau - hi)): per scale group g (dims [128 g, 128 g + 128)) a block of 32 rows of
+///     128 bytes (kQ8Block, 128-byte swizzle), row h holding hi of head h and row 16 + h lo, so
+///     that one product of N = 32 gives both (wgmma_m64n32k32_e4m3_rs). A bf16 value has 8
+///     significant bits and hi takes 4, so the rest is exact in lo wherever it is at least
+///     e4m3's smallest step 2^-9: every value down to 2^-10 of the row's maximum is exact, and a
+///     smaller one is off by at most 2^-10 (2^-17 of the maximum);
+///   - the 64 RoPE dims (column block 8, at kQ8Rope) in bf16 as given, columns permuted by
+///     kperm_column (pairs of dims stay together);
 ///   - qinv[h] = 2^-tau_h, which the scores are multiplied by.
+/// A NaN or infinite element makes the head's row NaN codes, so that its scores are NaN.
 /// Built by kBuilders threads (thread `tid`): warp w fills heads [hw w, hw w + hw), hw = 16 /
-/// (kBuilders / 32); lane l reads latent dims [16 l, 16 l + 16) and RoPE dims 512 + 2 l, + 1 of
-/// each. Every element a thread needs is loaded once, all of them before the first is used (one
-/// memory round trip), with three vector loads per head where the row's dims are contiguous and
-/// 16-byte aligned. (Each head's row read twice, for its maximum and then for its conversion,
-/// one head after the other, left the query block to 9-11 us after the CTA's start at 64 x 4K,
-/// 16 heads, against 5-6 us for the first tile; docs/performance.md, run 16.)
+/// (kBuilders / 32); lane l reads latent dims [16 l, 16 l + 16) (16-byte chunk l mod 8 of group
+/// l / 8) and RoPE dims 512 + 2 l, + 1 of each. Every element a thread needs is loaded once, all
+/// of them before the first is used (one memory round trip), with three vector loads per head
+/// where the row's dims are contiguous and 16-byte aligned. (Each head's row read twice, for its
+/// maximum and then for its conversion, one head after the other, left the query block to 9-11
+/// us after the CTA's start at 64 x 4K, 16 heads, against 5-6 us for the first tile;
+/// docs/performance.md, run 16.)
+inline constexpr int kQ8Block = 2 * kNarrowHeads * 128;  // one scale group's hi and lo rows
+inline constexpr int kQ8Rope = 4 * kQ8Block;             // the RoPE block (16 rows of 128 bytes)
 template <int kBuilders, class QSrc>
 DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads, unsigned char* q_s,
                                float* qinv, int tid) {
   constexpr int kHw = kNarrowHeads / (kBuilders / 32);  // heads per warp
   static_assert(kHw * (kBuilders / 32) == kNarrowHeads, "dcpattn: whole heads per warp");
+  static_assert(kQ8Rope == 8 * kNarrowHeads * 128, "dcpattn: the RoPE block at column block 8");
   const int lane = tid & 31, w = tid >> 5;
   // Latent dims 16 lane + 2 k (low half) and + 1 (high half), and RoPE dims 512 + 2 lane, + 1, of
   // each of the warp's heads, as bf16 pairs; zeros for a head >= heads.
@@ -1669,6 +1701,16 @@ DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads,
   }
   const auto lo = [](std::uint32_t v) { return __int_as_float(int(v << 16)); };
   const auto hi = [](std::uint32_t v) { return __int_as_float(int(v & 0xFFFF0000u)); };
+  // Two floats as e4m3 codes (x in the low byte; one cvt.rn.satfinite: the values are below 2^8
+  // or NaN, see below); and back (exact).
+  const auto to_e4m3x2 = [](float x, float y) {
+    return std::uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3));
+  };
+  const auto from_e4m3x2 = [](std::uint32_t v) {
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v), __NV_E4M3);
+    return __half22float2(*reinterpret_cast<const __half2*>(&r));
+  };
+  const int grp = lane >> 3, chunk = lane & 7;
 #pragma unroll
   for (int i = 0; i < kHw; ++i) {
     const int r = kHw * w + i;
@@ -1680,17 +1722,31 @@ DCPATTN_DEVICE void load_q_fp8(const QSrc& q, std::int64_t t, int h0, int heads,
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
-    // amax in [2^(e - 127), 2^(e - 126)): tau = 141 - e puts it in [2^14, 2^15). A NaN or
-    // infinite query keeps tau = 0 (the scores are NaN either way).
+    // amax in [2^(e - 127), 2^(e - 126)): tau = 134 - e puts it in [2^7, 2^8), below e4m3's
+    // largest value 448. A NaN or infinite query keeps tau = 0 (the scores are NaN either way).
     const int e = (__float_as_int(amax) >> 23) & 0xFF;
-    const int tau = (amax > 0.0f && e < 255) ? max(-120, min(120, 141 - e)) : 0;
+    const int tau = (amax > 0.0f && e < 255) ? max(-120, min(120, 134 - e)) : 0;
     const float up = pow2i(tau);
+    // A NaN or infinite element makes the whole row NaN codes (e4m3 has no infinity, and the
+    // saturating conversion would make an infinity finite): the head's scores are NaN.
+    const float nan_or_zero = e == 255 ? __int_as_float(0x7FFFFFFF) : 0.0f;
+    std::uint32_t hw[4], lw[4];  // the 16 hi and lo codes of the chunk, dims in order
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const int col = kperm_column(16 * lane + 2 * k);
-      *reinterpret_cast<__half2*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) + (col % 8) * 2) =
-          __floats2half2_rn(lo(x[i][k]) * up, hi(x[i][k]) * up);
+      const float a = lo(x[i][k]) * up + nan_or_zero, b = hi(x[i][k]) * up + nan_or_zero;
+      const std::uint32_t h8 = to_e4m3x2(a, b);
+      const float2 hv = from_e4m3x2(h8);
+      const std::uint32_t l8 = to_e4m3x2(a - hv.x, b - hv.y);  // exact differences
+      const int sh = 16 * (k & 1);
+      hw[k >> 1] = (k & 1) ? hw[k >> 1] | (h8 << sh) : h8;
+      lw[k >> 1] = (k & 1) ? lw[k >> 1] | (l8 << sh) : l8;
     }
+    unsigned char* blk = q_s + grp * kQ8Block;
+    const int rl = r + kNarrowHeads;  // the lo row
+    *reinterpret_cast<uint4*>(blk + r * 128 + ((chunk ^ (r & 7)) << 4)) =
+        make_uint4(hw[0], hw[1], hw[2], hw[3]);
+    *reinterpret_cast<uint4*>(blk + rl * 128 + ((chunk ^ (rl & 7)) << 4)) =
+        make_uint4(lw[0], lw[1], lw[2], lw[3]);
     const int col = kperm_column(kDsLatent + 2 * lane);
     *reinterpret_cast<std::uint32_t*>(q_s + tile_offset<kNarrowHeads>(r, col / 8) + (col % 8) * 2) =
         rope[i];
@@ -2004,15 +2060,18 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 }
 
 /// The consumers of the narrow kernel for the fp8 cache (H <= 16): the products of
-/// narrow_consumers, with the tensor cores reading the e4m3 codes themselves, converted in
-/// registers to f16 (exactly: every e4m3 value is an f16 value; one conversion instruction per two
-/// codes) as the register A operand of wgmma (wgmma_m64n16_rs), and the group scales applied
-/// outside the products. No bf16 copy of the tile is made, and nothing runs between the tiles:
-/// the raw stages are handed over like the bf16 pipeline's stages (full / empty by stage).
-///   - Scores: S^T = K Q^T per scale group g (latent dims [128 g, 128 g + 128)) in f16 against
-///     the query scaled by 2^tau_h (load_q_fp8), plus the RoPE dims in bf16 as stored; then
-///     s = 2^-tau_h (sum over g of scale[token][g] * S_g, in a fixed order) + S_rope. The keys
-///     are the exact e4m3 values times their scales in fp32, not rounded to bf16.
+/// narrow_consumers, with the tensor cores reading the e4m3 codes themselves as the register A
+/// operand of wgmma, and the group scales applied outside the products. No bf16 copy of the tile
+/// is made, and nothing runs between the tiles: the raw stages are handed over like the bf16
+/// pipeline's stages (full / empty by stage).
+///   - Scores: S^T = K Q^T per scale group g (latent dims [128 g, 128 g + 128)) on the fp8 tensor
+///     cores, the codes as loaded (wgmma_m64n32k32_e4m3_rs) against the query scaled by 2^tau_h
+///     as two e4m3 parts, hi in columns [0, 16) and lo in [16, 32) (load_q_fp8); plus the RoPE
+///     dims in bf16 as stored; then s = 2^-tau_h (sum over g of scale[token][g] * (S_g,hi +
+///     S_g,lo), in a fixed order) + S_rope. The keys are the exact e4m3 values times their
+///     scales in fp32, not rounded to bf16. (Until run 30 the codes were converted to f16 in
+///     registers, one instruction per two, for f16 products against an f16 query:
+///     docs/performance.md.)
 ///   - Values: O^T = V^T P_g^T per scale group, with the group scale folded into the weights:
 ///     P_g[token][h] = f16(p * scale[token][g] * 2^(127 - sigma_g)), sigma_g the largest scale
 ///     exponent of group g so far (at most 2 before rounding, so within f16's range; a weight
@@ -2030,10 +2089,11 @@ DCPATTN_DEVICE void narrow_consumers(const Args& a, unsigned char* smem, std::in
 ///     maxima, reduced, and added in warpgroup order. Which warpgroup
 ///     computes a tile depends on the tile's index within the split only, so the state is a
 ///     fixed function of the split's tokens, as DCP invariance requires.
-///   - Score warpgroup thread (warp w, lane 4 g + c) converts tokens 16 w + g and 16 w + g + 8:
-///     per 16-dim k-step one 32-bit load of 4 codes of each token (dims [4 c, 4 c + 4), the
-///     columns kperm_column gives the query). One accumulator per group (8 k-steps each) and
-///     one for the RoPE dims, so no chain of dependent products is longer than 8.
+///   - Score warpgroup thread (warp w, lane 4 g + c) loads tokens 16 w + g and 16 w + g + 8:
+///     per 32-dim k-step two 32-bit loads of 4 codes of each token (dims [4 c, 4 c + 4) and
+///     [16 + 4 c, 20 + 4 c) of the step, the fragment's columns as they are). One accumulator
+///     per group (4 k-steps each) and one for the RoPE dims (bf16, 16-dim k-steps, the columns
+///     kperm_column gives the query), so no chain of dependent products is longer than 4.
 ///   - Warpgroup 2: O^T for all 512 value dims, 8 blocks of 64 rows, block mb within group
 ///     mb / 2: row r of block 2 G + b is latent dim 128 G + 4 (8 w + g) + 2 b + (r >= 8), so
 ///     thread (w, g, c) reads 4 consecutive codes of each group per token with one 32-bit load;
@@ -2057,9 +2117,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
   constexpr int kScales = DsMlaFp8Entry::scales_offset;
   constexpr int kRope = DsMlaFp8Entry::rope_offset;
   constexpr int kGroups = DsMlaFp8Entry::num_groups;            // 4
-  constexpr int kGroupSteps = DsMlaFp8Entry::group_size / 16;   // 8 k-steps per group
+  constexpr int kGroupSteps = DsMlaFp8Entry::group_size / 32;   // 4 fp8 k-steps per group
   constexpr int kRopeSteps = DsMlaFp8Entry::rope_dim / 16;      // 4
-  constexpr int kLatentSteps = DsMlaFp8Entry::latent_dim / 16;  // 32
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -2106,7 +2165,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
     return (d & 0xFFFFFFFF00000000ull) |
            std::uint32_t(std::uint32_t(d) + std::uint32_t(bytes >> 4));
   };
-  auto q_desc_at = [&](int ks) { return desc_plus(q_desc, (ks >> 2) * kQBlock + (ks & 3) * 32); };
+  auto rope_desc_at = [&](int u) { return desc_plus(q_desc, kQ8Rope + 32 * u); };
 
   int n_done = 0;  // tiles of the split
   if (role < 2) {
@@ -2148,32 +2207,33 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 #pragma unroll
         for (int q = 0; q < 4; ++q) qv[q] = qinv_s[head_of(q)];
       }
-      // --- S^T per group: acc[grp][4 jn + e] = (token r0, head 8 jn + hc + e), [+ 2]: r1.
+      // --- S^T per group on the fp8 tensor cores: acc[grp][4 jn + e] = (token r0, column 8 jn +
+      // hc + e), [+ 2]: r1; column h < 16 is head h against the query's hi part, 16 + h against
+      // its lo part (load_q_fp8).
       const unsigned char* e0 = raw + r0 * kRawEntry;
       const unsigned char* e1 = raw + r1 * kRawEntry;
       const float4 sc0v = *reinterpret_cast<const float4*>(e0 + kScales);
       const float4 sc1v = *reinterpret_cast<const float4*>(e1 + kScales);
       const float sc0[4] = {sc0v.x, sc0v.y, sc0v.z, sc0v.w};
       const float sc1[4] = {sc1v.x, sc1v.y, sc1v.z, sc1v.w};
-      float acc[kGroups][8], accr[8];
+      float acc[kGroups][16], accr[8];
 #pragma unroll
       for (int grp = 0; grp < kGroups; ++grp) {
         if (grp >= 2) wgmma_wait<1>();  // group grp - 2 has read its registers
         std::uint32_t ak[kGroupSteps][4];
 #pragma unroll
         for (int u = 0; u < kGroupSteps; ++u) {
-          const int ks = grp * kGroupSteps + u;
-          const std::uint32_t w0 = *reinterpret_cast<const std::uint32_t*>(e0 + 16 * ks + 4 * c);
-          const std::uint32_t w1 = *reinterpret_cast<const std::uint32_t*>(e1 + 16 * ks + 4 * c);
-          e4m3x4_to_f16x2x2(w0, ak[u][0], ak[u][2]);
-          e4m3x4_to_f16x2x2(w1, ak[u][1], ak[u][3]);
+          const int off = DsMlaFp8Entry::group_size * grp + 32 * u + 4 * c;
+          ak[u][0] = *reinterpret_cast<const std::uint32_t*>(e0 + off);
+          ak[u][1] = *reinterpret_cast<const std::uint32_t*>(e1 + off);
+          ak[u][2] = *reinterpret_cast<const std::uint32_t*>(e0 + off + 16);
+          ak[u][3] = *reinterpret_cast<const std::uint32_t*>(e1 + off + 16);
         }
         wgmma_fence();
 #pragma unroll
-        for (int u = 0; u < kGroupSteps; ++u) {
-          const int ks = grp * kGroupSteps + u;
-          wgmma_m64n16_rs<true>(acc[grp], ak[u], q_desc_at(ks), u > 0);
-        }
+        for (int u = 0; u < kGroupSteps; ++u)
+          wgmma_m64n32k32_e4m3_rs(acc[grp], ak[u], desc_plus(q_desc, grp * kQ8Block + 32 * u),
+                                  u > 0);
         wgmma_commit();
       }
       {
@@ -2191,8 +2251,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
         wgmma_fence();
 #pragma unroll
         for (int u = 0; u < kRopeSteps; ++u) {
-          const int ks = kLatentSteps + u;
-          wgmma_m64n16_rs<false>(accr, ar[u], q_desc_at(ks), u > 0);
+          wgmma_m64n16_rs<false>(accr, ar[u], rope_desc_at(u), u > 0);
         }
         wgmma_commit();
       }
@@ -2206,10 +2265,14 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int e = elem_of(q);
-        const float n0 =
-            (acc[0][e] * sc0[0] + acc[1][e] * sc0[1]) + (acc[2][e] * sc0[2] + acc[3][e] * sc0[3]);
-        const float n1 = (acc[0][e + 2] * sc1[0] + acc[1][e + 2] * sc1[1]) +
-                         (acc[2][e + 2] * sc1[2] + acc[3][e + 2] * sc1[3]);
+        float g0[kGroups], g1[kGroups];  // hi + lo per group
+#pragma unroll
+        for (int grp = 0; grp < kGroups; ++grp) {
+          g0[grp] = acc[grp][e] + acc[grp][8 + e];
+          g1[grp] = acc[grp][e + 2] + acc[grp][8 + e + 2];
+        }
+        const float n0 = (g0[0] * sc0[0] + g0[1] * sc0[1]) + (g0[2] * sc0[2] + g0[3] * sc0[3]);
+        const float n1 = (g1[0] * sc1[0] + g1[1] * sc1[1]) + (g1[2] * sc1[2] + g1[3] * sc1[3]);
         s[e] = v0 ? a.softmax_scale * (n0 * qv[q] + accr[e]) : kNegInf;
         s[e + 2] = v1 ? a.softmax_scale * (n1 * qv[q] + accr[e + 2]) : kNegInf;
         mx[q] = fmaxf(s[e], s[e + 2]);
