@@ -2,8 +2,9 @@
 // Two rates of the SM that the 16-head fp8 MLA decode kernel (narrow_fp8_consumers in
 // kernels/cuda/mla_decode.cuh) is built around, measured on the device (sm_90a):
 //   - wgmma: cycles per m64nNk16 f16 product (A from registers, B from shared memory) for one SM,
-//     with W warpgroups issuing independent products at once (N = 16: the kernel's products;
-//     N = 32 for comparison). Cycles from clock64 around 2000 x 32 products per warpgroup.
+//     with W warpgroups issuing independent products at once (N = 16: the kernel's value
+//     products; N = 32 for comparison), and per m64n32k32 e4m3 product (its score products, A
+//     the codes from registers). Cycles from clock64 around 2000 x 32 products per warpgroup.
 //   - e4m3 -> f16 conversion: f16x2 results per SM per clock of cvt.rn.f16x2.e4m3x2 (the kernel's
 //     conversion), of an integer-only conversion (byte permutes, masks and shifts into the f16
 //     bits of the value times 2^-8), and of the two alternating. Checked first against each other
@@ -141,11 +142,20 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kStoreThreads)
 #endif
 }
 
-template <int N>
+template <int N, bool kFp8>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const std::uint32_t (&a)[4],
                                        std::uint64_t b) {
 #if defined(DCPATTN_RATES_WGMMA)
-  if constexpr (N == 16) {
+  static_assert(!kFp8 || N == 32, "the e4m3 product is m64n32k32");
+  if constexpr (kFp8) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,"
+        "%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, 1, 1, 1;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  } else if constexpr (N == 16) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
         "{%8,%9,%10,%11}, %12, 1, 1, 1, 0;\n"
@@ -171,7 +181,7 @@ constexpr int kProductsPerRound = 32;  // 8 independent accumulators x 4 k-steps
 constexpr int kRounds = 2000;
 
 /// W warpgroups, each issuing kRounds rounds of 32 products; out[w] = its cycles.
-template <int N>
+template <int N, bool kFp8>
 __global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem[];
   for (int i = threadIdx.x; i < 16384; i += blockDim.x) smem[i] = 0;
@@ -191,7 +201,7 @@ __global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        mma_rs<N>(d[j], a[j], gmma_desc(base + 32 * u + 2048 * (j & 3), 16, 1024));
+        mma_rs<N, kFp8>(d[j], a[j], gmma_desc(base + 32 * u + 2048 * (j & 3), 16, 1024));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
   }
@@ -255,19 +265,19 @@ __global__ void convert_rate_kernel(const std::uint32_t* in, std::uint32_t* out)
   if (acc == 0x12345678u) out[threadIdx.x] = acc;  // never: keeps the conversions
 }
 
-template <int N, int W>
+template <int N, int W, bool kFp8 = false>
 void wgmma_case(dcpattn::bench::JsonRecords& json, int clock_khz) {
   unsigned long long* out = nullptr;
   float* sink = nullptr;
   DCPATTN_CUDA_CHECK(cudaMalloc(&out, 8 * sizeof(unsigned long long)));
   DCPATTN_CUDA_CHECK(cudaMalloc(&sink, 1024 * sizeof(float)));
-  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(wgmma_rate_kernel<N>,
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(wgmma_rate_kernel<N, kFp8>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 16384));
   int sms = 0;
   DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   double worst = 0.0;
   for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
-    wgmma_rate_kernel<N><<<sms, 128 * W, 16384>>>(out, sink);
+    wgmma_rate_kernel<N, kFp8><<<sms, 128 * W, 16384>>>(out, sink);
     DCPATTN_CUDA_CHECK(cudaGetLastError());
     DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
     unsigned long long h[8] = {};
@@ -277,12 +287,14 @@ void wgmma_case(dcpattn::bench::JsonRecords& json, int clock_khz) {
   }
   const double per_wg = worst / (double(kRounds) * kProductsPerRound);
   std::printf(
-      "wgmma m64n%dk16 f16 (A registers), %d warpgroup(s) per SM: %6.1f cycles a product "
+      "wgmma m64n%dk%d %s (A registers), %d warpgroup(s) per SM: %6.1f cycles a product "
       "per warpgroup, %5.1f cycles a product per SM\n",
-      N, W, per_wg, per_wg / W);
+      N, kFp8 ? 32 : 16, kFp8 ? "e4m3" : "f16", W, per_wg, per_wg / W);
   json.begin()
       .field("kind", "wgmma")
+      .field("type", kFp8 ? "e4m3" : "f16")
       .field("n", N)
+      .field("k", kFp8 ? 32 : 16)
       .field("warpgroups", W)
       .field("cycles_per_product_per_warpgroup", per_wg)
       .field("cycles_per_product_per_sm", per_wg / W)
@@ -385,6 +397,8 @@ int main(int argc, char** argv) {
     wgmma_case<16, 4>(json, clock_khz);
     wgmma_case<32, 1>(json, clock_khz);
     wgmma_case<32, 2>(json, clock_khz);
+    wgmma_case<32, 1, true>(json, clock_khz);
+    wgmma_case<32, 2, true>(json, clock_khz);
 
     int* bad = nullptr;
     std::uint32_t *in = nullptr, *out = nullptr;
