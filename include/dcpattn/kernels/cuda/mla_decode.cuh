@@ -52,13 +52,16 @@
 // the dequantized key rounded to bf16 (score error ~1e-3 absolute). exp/log are CUDA's, which
 // differ from the host libm's by an ulp now and then; the 64-head warpgroup kernel's weights are
 // ex2.approx of base-2 scores (relative error about 2^-22, far below P's bf16 rounding). The
-// warpgroup kernel's narrow form for the
-// fp8 cache (H <= 16) does not round the keys: the products read the exact e4m3 codes and the
-// group scales are applied in fp32 (scores) and folded into the weights, rounded to f16 (relative
-// 2^-11 per weight), the row sums of a split's even and odd tiles are kept apart and added at the
-// end, and its exponentials are 2^(x log2 e) on the special-function unit (detail::fast_exp, the
-// merges' exp: relative error about 2^-22, far below that rounding of the weights;
-// narrow_fp8_consumers).
+// warpgroup kernel's narrow form for the fp8 cache (H <= 16) does not round the keys: the score
+// products read the exact e4m3 codes on the fp8 tensor cores against the query as two e4m3 parts
+// (exact down to 2^-10 of each head's largest element, within 2^-17 of it below), whose sums the
+// tensor cores keep to fewer bits than fp32 (one chain of 4 products per scale group; in the
+// tests the lse moves by up to 4.4e-3 with keys and queries spread over many octaves, 2e-5 on
+// ordinary data); the group scales are applied in fp32 (scores) and folded into the weights,
+// rounded to f16 (relative 2^-11 per weight), the row sums of a split's even and odd tiles are
+// kept apart and added at the end, and its exponentials are 2^(x log2 e) on the special-function
+// unit (detail::fast_exp, the merges' exp: relative error about 2^-22, far below that rounding of
+// the weights; narrow_fp8_consumers).
 //
 // Data-dependent checks cannot be made on the host without a synchronization, so the kernels make
 // them instead and never read outside the views: a row whose row_request is not a request of
