@@ -177,11 +177,13 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const std::uint32_t (&
 #endif
 }
 
-constexpr int kProductsPerRound = 32;  // 8 independent accumulators x 4 k-steps
+constexpr int kProductsPerRound = 32;  // 8 A fragments x 4 k-steps
 constexpr int kRounds = 2000;
 
-/// W warpgroups, each issuing kRounds rounds of 32 products; out[w] = its cycles.
-template <int N, bool kFp8>
+/// W warpgroups, each issuing kRounds rounds of 32 products; out[w] = its cycles. The products
+/// go to kChains accumulators in turn (8: independent neighbours; 1: each product waits for the
+/// previous one's sum, as a chain of k-steps into one accumulator).
+template <int N, bool kFp8, int kChains = 8>
 __global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem[];
   for (int i = threadIdx.x; i < 16384; i += blockDim.x) smem[i] = 0;
@@ -201,7 +203,7 @@ __global__ void wgmma_rate_kernel(unsigned long long* out, float* sink) {
     for (int u = 0; u < 4; ++u)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        mma_rs<N, kFp8>(d[j], a[j], gmma_desc(base + 32 * u + 2048 * (j & 3), 16, 1024));
+        mma_rs<N, kFp8>(d[j % kChains], a[j], gmma_desc(base + 32 * u + 2048 * (j & 3), 16, 1024));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
   }
@@ -265,19 +267,19 @@ __global__ void convert_rate_kernel(const std::uint32_t* in, std::uint32_t* out)
   if (acc == 0x12345678u) out[threadIdx.x] = acc;  // never: keeps the conversions
 }
 
-template <int N, int W, bool kFp8 = false>
+template <int N, int W, bool kFp8 = false, int kChains = 8>
 void wgmma_case(dcpattn::bench::JsonRecords& json, int clock_khz) {
   unsigned long long* out = nullptr;
   float* sink = nullptr;
   DCPATTN_CUDA_CHECK(cudaMalloc(&out, 8 * sizeof(unsigned long long)));
   DCPATTN_CUDA_CHECK(cudaMalloc(&sink, 1024 * sizeof(float)));
-  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(wgmma_rate_kernel<N, kFp8>,
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(wgmma_rate_kernel<N, kFp8, kChains>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, 16384));
   int sms = 0;
   DCPATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   double worst = 0.0;
   for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
-    wgmma_rate_kernel<N, kFp8><<<sms, 128 * W, 16384>>>(out, sink);
+    wgmma_rate_kernel<N, kFp8, kChains><<<sms, 128 * W, 16384>>>(out, sink);
     DCPATTN_CUDA_CHECK(cudaGetLastError());
     DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
     unsigned long long h[8] = {};
@@ -287,15 +289,16 @@ void wgmma_case(dcpattn::bench::JsonRecords& json, int clock_khz) {
   }
   const double per_wg = worst / (double(kRounds) * kProductsPerRound);
   std::printf(
-      "wgmma m64n%dk%d %s (A registers), %d warpgroup(s) per SM: %6.1f cycles a product "
-      "per warpgroup, %5.1f cycles a product per SM\n",
-      N, kFp8 ? 32 : 16, kFp8 ? "e4m3" : "f16", W, per_wg, per_wg / W);
+      "wgmma m64n%dk%d %s (A registers), %d warpgroup(s) per SM, %d accumulator(s) in turn: "
+      "%6.1f cycles a product per warpgroup, %5.1f cycles a product per SM\n",
+      N, kFp8 ? 32 : 16, kFp8 ? "e4m3" : "f16", W, kChains, per_wg, per_wg / W);
   json.begin()
       .field("kind", "wgmma")
       .field("type", kFp8 ? "e4m3" : "f16")
       .field("n", N)
       .field("k", kFp8 ? 32 : 16)
       .field("warpgroups", W)
+      .field("accumulators_in_turn", kChains)
       .field("cycles_per_product_per_warpgroup", per_wg)
       .field("cycles_per_product_per_sm", per_wg / W)
       .field("clock_khz", clock_khz);
@@ -399,6 +402,14 @@ int main(int argc, char** argv) {
     wgmma_case<32, 2>(json, clock_khz);
     wgmma_case<32, 1, true>(json, clock_khz);
     wgmma_case<32, 2, true>(json, clock_khz);
+    // Products that depend on each other's sums: one accumulator, two, four in turn.
+    wgmma_case<32, 1, false, 1>(json, clock_khz);
+    wgmma_case<32, 1, false, 2>(json, clock_khz);
+    wgmma_case<32, 1, true, 1>(json, clock_khz);
+    wgmma_case<32, 1, true, 2>(json, clock_khz);
+    wgmma_case<32, 1, true, 4>(json, clock_khz);
+    wgmma_case<32, 2, true, 1>(json, clock_khz);
+    wgmma_case<32, 2, true, 2>(json, clock_khz);
 
     int* bad = nullptr;
     std::uint32_t *in = nullptr, *out = nullptr;
