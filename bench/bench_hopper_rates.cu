@@ -4,7 +4,9 @@
 //   - wgmma: cycles per m64nNk16 f16 product (A from registers, B from shared memory) for one SM,
 //     with W warpgroups issuing independent products at once (N = 16: the kernel's value
 //     products; N = 32 for comparison), and per m64n32k32 e4m3 product (its score products, A
-//     the codes from registers). Cycles from clock64 around 2000 x 32 products per warpgroup.
+//     the codes from registers), and both again with products whose sums depend on each other
+//     (1, 2 or 4 accumulators in turn instead of 8: a chain of k-steps into one accumulator).
+//     Cycles from clock64 around 2000 x 32 products per warpgroup.
 //   - e4m3 -> f16 conversion: f16x2 results per SM per clock of cvt.rn.f16x2.e4m3x2 (the kernel's
 //     conversion), of an integer-only conversion (byte permutes, masks and shifts into the f16
 //     bits of the value times 2^-8), and of the two alternating. Checked first against each other
