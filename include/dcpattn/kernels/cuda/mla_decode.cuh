@@ -281,6 +281,19 @@ DCPATTN_DEVICE void stsm_x4_trans([[maybe_unused]] std::uint32_t addr,
   __trap();  // the narrow fp8 kernel only: sm_90a
 #endif
 }
+/// Stores four 8x8 matrices of 16-bit elements (stmatrix): register k of lane l holds elements
+/// (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix k (the low half the first); lane
+/// 8 k + j gives the 16-byte-aligned address of row j of matrix k.
+DCPATTN_DEVICE void stsm_x4([[maybe_unused]] std::uint32_t addr,
+                            [[maybe_unused]] const std::uint32_t (&r)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+#else
+  __trap();  // the 64-head fp8 kernel only: sm_90a
+#endif
+}
 /// d += a b for one m16n8k16 bf16 tile with fp32 accumulation. Fragments (PTX ISA, "Matrix
 /// Fragments for mma.m16n8k16 with floating point type"), g = lane / 4, c = lane % 4:
 /// a = {(g, 2c..), (g+8, 2c..), (g, 2c+8..), (g+8, 2c+8..)}, b = {(k 2c.., n g), (k 2c+8.., n g)},
@@ -1081,7 +1094,11 @@ struct Smem {
   /// P blocks of kRows x 64 tokens: P (wide), P^T by tile parity (narrow), P^T per scale group
   /// and tile parity (narrow fp8).
   static constexpr int p_blocks = kRows == kHeads ? 1 : (reg_a ? 8 : 2);
-  static constexpr std::size_t slot = p + std::size_t(p_blocks) * kRows * 128;  // int32 [4][64]
+  /// The 64-head fp8 kernel: the 32 x 32 e4m3 permutation through which the tensor cores turn
+  /// the tile's codes into fp32 (write_unpack_perm, dequant_tile); 32 rows of 128 bytes.
+  static constexpr std::size_t perm = p + std::size_t(p_blocks) * kRows * 128;
+  static constexpr std::size_t perm_bytes = kFp8 && !reg_a ? 32 * 128 : 0;
+  static constexpr std::size_t slot = perm + perm_bytes;                        // int32 [4][64]
   static constexpr std::size_t count = slot + slot_bufs * kTileTokens * 4;      // int32 [bufs]
   static constexpr std::size_t xrow = count + slot_bufs * 4;                    // float [2][64]
   static constexpr std::size_t ring = xrow + 2 * kHeads * 4;                    // int32 [kRing]
@@ -1445,6 +1462,25 @@ DCPATTN_DEVICE void wgmma_m64n32k32_e4m3_rs([[maybe_unused]] float (&d)[16],
   __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
 }
+/// d = A B^T for one m64n32k32 e4m3 tile (wgmma_m64n32k32_e4m3_rs without accumulation: d is
+/// only written).
+DCPATTN_DEVICE void wgmma_m64n32k32_e4m3_rs_set([[maybe_unused]] float (&d)[16],
+                                                [[maybe_unused]] const std::uint32_t (&a)[4],
+                                                [[maybe_unused]] std::uint64_t desc_b) {
+#if defined(DCPATTN_MLA_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+#else
+  __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
+#endif
+}
 /// Waits until at most N committed wgmma groups of this warpgroup are pending.
 template <int N>
 DCPATTN_DEVICE void wgmma_wait() {
@@ -1770,51 +1806,132 @@ DCPATTN_DEVICE void load_tile_raw_bytes(const CacheView& cache, const int* slot_
   }
 }
 
+/// The product column of k-slot kappa of the 8-bit A fragment in dequant_tile's unpacking
+/// products: the thread at quad position c (lane % 4) loads 8 consecutive codes of a row for a
+/// k-step, the first 4 into k-slots [4 c, 4 c + 4) and the other 4 into [16 + 4 c, 16 + 4 c + 4)
+/// (wgmma_m64n32k32_e4m3_rs); code j of those 8 then lands in column 8 c + j.
+DCPATTN_HOST_DEVICE constexpr int unpack_column(int kappa) {
+  return kappa < 16 ? 8 * (kappa / 4) + kappa % 4 : 8 * ((kappa - 16) / 4) + 4 + kappa % 4;
+}
+constexpr bool unpack_column_is_valid() {
+  for (int n = 0; n < 32; ++n) {
+    int hits = 0;
+    for (int kappa = 0; kappa < 32; ++kappa) hits += unpack_column(kappa) == n;
+    if (hits != 1) return false;
+  }
+  return true;
+}
+static_assert(unpack_column_is_valid(), "dcpattn: unpack_column must permute the 32 k-slots");
+
+/// Writes the permutation B of dequant_tile's unpacking products at perm_s (a K-major B operand
+/// of 32 rows of 128 bytes, 128-byte swizzle, 4 KiB, Smem::perm), by 128 threads (thread `wtid`,
+/// two 16-byte chunks each): row n holds e4m3 1.0 (0x38) at the k-slot kappa with
+/// unpack_column(kappa) == n and zero elsewhere, so that A B^T holds k-slot kappa of A in column
+/// unpack_column(kappa), exactly (one product by 1.0, the others by 0). Written once at the
+/// kernel's start; the tensor cores read it once a proxy fence and a CTA barrier follow.
+DCPATTN_DEVICE void write_unpack_perm(unsigned char* perm_s, int wtid) {
+  const int n = wtid >> 2;
+  const int j = n & 7, kappa = j < 4 ? 4 * (n >> 3) + j : 16 + 4 * (n >> 3) + j - 4;
+  const int hit = (kappa >> 4) ^ (n & 7);  // the stored chunk holding kappa
+  const int word = (kappa & 15) >> 2;
+  const std::uint32_t v = 0x38u << (8 * (kappa & 3));
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int sc = 2 * (wtid & 3) + k;
+    const bool on = sc == hit;
+    *reinterpret_cast<uint4*>(perm_s + n * 128 + sc * 16) =
+        make_uint4(on && word == 0 ? v : 0u, on && word == 1 ? v : 0u, on && word == 2 ? v : 0u,
+                   on && word == 3 ? v : 0u);
+  }
+}
+
 /// Dequantizes a tile's raw entries into the swizzled K/V stage, shared by all 384 threads of the
 /// CTA (thread `tid`): the 256 consumer threads convert the latent part, e4m3 code * group scale
 /// rounded to bf16 (the arithmetic of mla_split_kernel), and the 128 producer threads copy the
-/// RoPE part (bf16 already); a zero-filled entry (no token) gives a zero row. Latent items
-/// 0..2047 are (token, 16-code chunk), RoPE items 0..511 (token, 8 values), token fastest: a
-/// quarter warp reads 8 entries 656 bytes apart and writes 8 rows of distinct swizzle phases, so
-/// neither side has a bank conflict. Against all 384 threads taking items of both kinds in turn:
-/// dense fp8 128 heads 64 x 32K 1644-1657 -> 1581-1595 us, sparse 253-255 -> 247-248, batch 1
-/// within 1% (docs/performance.md, run 24; the consumers alone doing both kinds: slower).
-DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s, int tid) {
-  constexpr int kLatentItems = kTileTokens * (DsMlaFp8Entry::latent_dim / 16);  // 2048
-  constexpr int kRopeItems = kTileTokens * (DsMlaFp8Entry::rope_dim / 8);       // 512
-  static_assert(kLatentItems % kConsumers == 0 && kRopeItems % kProducers == 0,
-                "dcpattn: whole rounds of items per role");
-  if (tid < kConsumers) {
-    // Fully unrolled (8 rounds): every round's shared-memory loads go out together.
+/// RoPE part (bf16 already); a zero-filled entry (no token) gives a zero row.
+///   - Latent part: consumer warpgroup q unpacks scale groups 2 q and 2 q + 1 (dims [256 q, 256 q
+///     + 256)) of all 64 tokens on the tensor cores: the codes as loaded are the 8-bit A fragment
+///     of wgmma m64n32k32 (warp w: tokens [16 w, 16 w + 16)) against the permutation
+///     (write_unpack_perm), which gives each code as an fp32 value, exactly; then the fp32 product
+///     with the group scale, rounded to bf16 (cvt_bf16x2), stored by stmatrix. Lane l (g = l / 4,
+///     c = l % 4) reads 16 codes of tokens 16 w + g and + 8 at [128 grp + 32 c + 16 h, + 16) for
+///     half h of the group (two k-steps of 8 codes each); a quarter warp's 16-byte loads fall on
+///     eight distinct 16-byte bank groups (entries 656 = 5 x 128 + 16 bytes apart, quads 32 bytes
+///     apart), as do the stores (eight tokens of one chunk). Against the hardware conversion
+///     e4m3x2 -> f16x2 -> f32 of every code pair before the same product (6 instructions a pair),
+///     3 instructions a pair: docs/performance.md, run 32.
+///   - RoPE part: items 0..511 (token, 8 values), token fastest, by the producer.
+/// A NaN code makes the 32 values of its token's k-step NaN (a product by 0), where the
+/// conversion made that one value NaN; either way every score of the token is NaN.
+/// `kConsumer`: the consumers' part (tid < kConsumers) or the producer's, each compiled into its
+/// own role's code (within that role's registers, setmaxnreg).
+template <bool kConsumer>
+DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
+                                 const unsigned char* perm_s, int tid) {
+  constexpr int kRopeItems = kTileTokens * (DsMlaFp8Entry::rope_dim / 8);  // 512
+  static_assert(kRopeItems % kProducers == 0, "dcpattn: whole rounds of items");
+  static_assert(
+      kConsumers == 256 && DsMlaFp8Entry::num_groups == 4 && DsMlaFp8Entry::group_size == 128,
+      "dcpattn: two consumer warpgroups of two scale groups each");
+  if constexpr (kConsumer) {
+    const int wg = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const unsigned char* e0 = raw_s + (16 * w + g) * kRawEntry;  // token 16 w + g
+    const unsigned char* e1 = e0 + 8 * kRawEntry;                // token 16 w + g + 8
+    const float2 sc0 = *reinterpret_cast<const float2*>(e0 + DsMlaFp8Entry::scales_offset + 8 * wg);
+    const float2 sc1 = *reinterpret_cast<const float2*>(e1 + DsMlaFp8Entry::scales_offset + 8 * wg);
+    // stmatrix: lane l gives row l % 8 of matrix l / 8, token 16 w + l % 8 + 8 ((l / 8) % 2), in
+    // column block (l / 16) of the pair stored.
+    const int stok = 16 * w + (lane & 7) + 8 * ((lane >> 3) & 1);
+    const std::uint32_t kb = smem_u32(k_s) + std::uint32_t(stok * 128);
+    const std::uint64_t desc = gmma_desc(smem_u32(perm_s), 16, 1024);
+    // The warpgroup's 8 k-steps one product each, the next kAhead issued before a step is
+    // stored (kAhead = 1 against products waited for two at a time: dense fp8 128 heads 1 x 32K
+    // 42.7-42.9 -> 42.2-42.4 us, 64 x 32K 1520 -> 1460-1468; docs/performance.md, run 32).
+    constexpr int kAhead = 1;
+    std::uint32_t a[8][4];
+    float d[kAhead + 1][16];
+    auto load_half = [&](int h) {  // k-steps 2 h, 2 h + 1: half h % 2 of scale group 2 wg + h / 2
+      const int off = (2 * wg + (h >> 1)) * DsMlaFp8Entry::group_size + 32 * c + 16 * (h & 1);
+      const uint4 x0 = *reinterpret_cast<const uint4*>(e0 + off);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(e1 + off);
+      a[2 * h][0] = x0.x, a[2 * h][1] = x1.x, a[2 * h][2] = x0.y, a[2 * h][3] = x1.y;
+      a[2 * h + 1][0] = x0.z, a[2 * h + 1][1] = x1.z, a[2 * h + 1][2] = x0.w,
+                a[2 * h + 1][3] = x1.w;
+    };
+    auto issue = [&](int step) {
+      if (step % 2 == 0) load_half(step / 2);
+      wgmma_fence();
+      wgmma_m64n32k32_e4m3_rs_set(d[step % (kAhead + 1)], a[step], desc);
+      wgmma_commit();
+    };
 #pragma unroll
-    for (int item = tid; item < kLatentItems; item += kConsumers) {
-      const int tok = item & (kTileTokens - 1);
-      const int cc = item >> 6;  // 16 codes: dims [16 cc, 16 cc + 16)
-      const unsigned char* e = raw_s + tok * kRawEntry;
-      const uint4 raw = *reinterpret_cast<const uint4*>(e + cc * 16);
-      const float scale = *reinterpret_cast<const float*>(
-          e + DsMlaFp8Entry::scales_offset + 4 * (cc * 16 / DsMlaFp8Entry::group_size));
-      const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-      std::uint32_t out[8];
+    for (int step = 0; step < kAhead; ++step) issue(step);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        // Hardware e4m3x2 -> f16x2 -> f32 (exact: e4m3 values are f16 values), then the same
-        // fp32 product and round-to-nearest bf16 as fp8_e4m3::decode(code) * scale. Both halves
-        // of a word from its register as it is (e4m3x4_to_f16x2x2: no shift for the high one).
-        std::uint32_t h[2];
-        e4m3x4_to_f16x2x2(words[w], h[0], h[1]);
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[k]));
-          out[2 * w + k] = cvt_bf16x2(f.x * scale, f.y * scale);
-        }
+    for (int step = 0; step < 8; ++step) {
+      if (step + kAhead < 8) {
+        issue(step + kAhead);
+        wgmma_wait<kAhead>();
+      } else if (step + 2 == 8) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
       }
-      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * cc)) =
-          make_uint4(out[0], out[1], out[2], out[3]);
-      *reinterpret_cast<uint4*>(k_s + tile_offset(tok, 2 * cc + 1)) =
-          make_uint4(out[4], out[5], out[6], out[7]);
+      const float(&dq)[16] = d[step % (kAhead + 1)];
+      const int grp = 2 * wg + (step >> 2), u = step & 3;
+      const float s0 = (step >> 2) ? sc0.y : sc0.x, s1 = (step >> 2) ? sc1.y : sc1.x;
+#pragma unroll
+      for (int jp = 0; jp < 4; jp += 2) {
+        const std::uint32_t r[4] = {cvt_bf16x2(dq[4 * jp] * s0, dq[4 * jp + 1] * s0),
+                                    cvt_bf16x2(dq[4 * jp + 2] * s1, dq[4 * jp + 3] * s1),
+                                    cvt_bf16x2(dq[4 * jp + 4] * s0, dq[4 * jp + 5] * s0),
+                                    cvt_bf16x2(dq[4 * jp + 6] * s1, dq[4 * jp + 7] * s1)};
+        const int chunk = 16 * grp + 4 * (jp + (lane >> 4)) + u;
+        stsm_x4(kb + std::uint32_t((chunk >> 3) * kBlock + (((chunk & 7) ^ (stok & 7)) << 4)), r);
+      }
     }
   } else {
+    (void)perm_s;
 #pragma unroll
     for (int item = tid - kConsumers; item < kRopeItems; item += kProducers) {
       const int tok = item & (kTileTokens - 1);
@@ -2659,6 +2776,10 @@ __global__ void __launch_bounds__(
       mbar_init(&full[9], kConsumers / 2);  // p_empty: warpgroup 1 holds them in registers
     }
   }
+  if constexpr (kFp8 && !L::reg_a && kRawPath) {
+    if (tid < 128) write_unpack_perm(smem + L::perm, tid);
+    fence_proxy_async();  // read by the tensor cores (dequant_tile)
+  }
   __syncthreads();  // barriers initialized (the last CTA-wide barrier)
 
   if (warp >= L::consumers / 32) {
@@ -3035,7 +3156,7 @@ __global__ void __launch_bounds__(
         if (n_ahead[0] == 0) break;     // the end marker: the consumers read the count 0 and stop
         if (kRawPath && a.cache_vector) {
           mbar_wait(&full[2 + i % R], (i / R) & 1);  // raw_full
-          dequant_tile(raw(i), stage(0), tid);
+          dequant_tile<false>(raw(i), stage(0), smem + L::perm, tid);
         } else {
           load_tile_direct(a.cache, a.cache_vector, slot_s + (i % kSlotBufs) * kTileTokens,
                            stage(0), ptid);
@@ -3317,7 +3438,7 @@ __global__ void __launch_bounds__(
         if (n_tile == 0) break;
         if (kRawPath && a.cache_vector) {
           mbar_wait(&full[2], i & 1);  // raw_full (one raw stage): a bulk copy has landed
-          dequant_tile(raw_s, stage(0), tid);
+          dequant_tile<true>(raw_s, stage(0), smem + L::perm, tid);
         }
         fence_proxy_async();
         cta_handover(&empty[0], i & 1);                 // tile_ready
