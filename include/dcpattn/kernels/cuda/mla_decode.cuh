@@ -1439,6 +1439,15 @@ DCPATTN_DEVICE void wgmma_m64n16_rs([[maybe_unused]] float (&d)[8],
   __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
 }
+// One m64n32k32 e4m3 product; %21 non-zero: d += A B^T, zero: d = A B^T.
+#define DCPATTN_WGMMA_M64N32K32_E4M3                                         \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                               \
+  "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, " \
+  "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+#define DCPATTN_WGMMA_D16(c)                                                                \
+  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), c(d[8]), c(d[9]), \
+      c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), c(d[15])
 /// d (+)= A B^T for one m64n32k32 e4m3 tile, fp32 accumulation, A from registers (the 8-bit
 /// fragment of PTX ISA "Matrix Fragments for wgmma.mma_async.m64nNk32": warp w of the warpgroup
 /// holds rows [16 w, 16 w + 16); with g = lane / 4, c = lane % 4, a = {(g, 4c..4c+3), (g+8,
@@ -1449,15 +1458,9 @@ DCPATTN_DEVICE void wgmma_m64n32k32_e4m3_rs([[maybe_unused]] float (&d)[16],
                                             [[maybe_unused]] std::uint64_t desc_b,
                                             [[maybe_unused]] int accumulate) {
 #if defined(DCPATTN_MLA_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  asm volatile(DCPATTN_WGMMA_M64N32K32_E4M3
+               : DCPATTN_WGMMA_D16("+f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 #else
   __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
@@ -1468,19 +1471,15 @@ DCPATTN_DEVICE void wgmma_m64n32k32_e4m3_rs_set([[maybe_unused]] float (&d)[16],
                                                 [[maybe_unused]] const std::uint32_t (&a)[4],
                                                 [[maybe_unused]] std::uint64_t desc_b) {
 #if defined(DCPATTN_MLA_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+  asm volatile(DCPATTN_WGMMA_M64N32K32_E4M3
+               : DCPATTN_WGMMA_D16("=f")
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
 #else
   __trap();  // not an sm_90a target: never selected (see use_wgmma_kernel)
 #endif
 }
+#undef DCPATTN_WGMMA_D16
+#undef DCPATTN_WGMMA_M64N32K32_E4M3
 /// Waits until at most N committed wgmma groups of this warpgroup are pending.
 template <int N>
 DCPATTN_DEVICE void wgmma_wait() {
