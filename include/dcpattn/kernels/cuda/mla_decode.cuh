@@ -1812,25 +1812,27 @@ DCPATTN_DEVICE void load_tile_raw_bytes(const CacheView& cache, const int* slot_
 DCPATTN_HOST_DEVICE constexpr int unpack_column(int kappa) {
   return kappa < 16 ? 8 * (kappa / 4) + kappa % 4 : 8 * ((kappa - 16) / 4) + 4 + kappa % 4;
 }
-constexpr bool unpack_column_is_valid() {
-  for (int n = 0; n < 32; ++n) {
-    int hits = 0;
-    for (int kappa = 0; kappa < 32; ++kappa) hits += unpack_column(kappa) == n;
-    if (hits != 1) return false;
-  }
+/// The k-slot whose code lands in product column n (the inverse of unpack_column).
+DCPATTN_HOST_DEVICE constexpr int unpack_slot(int n) {
+  return (n & 7) < 4 ? 4 * (n >> 3) + (n & 7) : 16 + 4 * (n >> 3) + (n & 7) - 4;
+}
+constexpr bool unpack_slot_inverts_column() {
+  for (int n = 0; n < 32; ++n)
+    if (unpack_slot(n) < 0 || unpack_slot(n) >= 32 || unpack_column(unpack_slot(n)) != n)
+      return false;
   return true;
 }
-static_assert(unpack_column_is_valid(), "dcpattn: unpack_column must permute the 32 k-slots");
+static_assert(unpack_slot_inverts_column(),
+              "dcpattn: unpack_slot must invert unpack_column over the 32 k-slots");
 
 /// Writes the permutation B of dequant_tile's unpacking products at perm_s (a K-major B operand
 /// of 32 rows of 128 bytes, 128-byte swizzle, 4 KiB, Smem::perm), by 128 threads (thread `wtid`,
 /// two 16-byte chunks each): row n holds e4m3 1.0 (0x38) at the k-slot kappa with
-/// unpack_column(kappa) == n and zero elsewhere, so that A B^T holds k-slot kappa of A in column
+/// kappa = unpack_slot(n) and zero elsewhere, so that A B^T holds k-slot kappa of A in column
 /// unpack_column(kappa), exactly (one product by 1.0, the others by 0). Written once at the
 /// kernel's start; the tensor cores read it once a proxy fence and a CTA barrier follow.
 DCPATTN_DEVICE void write_unpack_perm(unsigned char* perm_s, int wtid) {
-  const int n = wtid >> 2;
-  const int j = n & 7, kappa = j < 4 ? 4 * (n >> 3) + j : 16 + 4 * (n >> 3) + j - 4;
+  const int n = wtid >> 2, kappa = unpack_slot(n);
   const int hit = (kappa >> 4) ^ (n & 7);  // the stored chunk holding kappa
   const int word = (kappa & 15) >> 2;
   const std::uint32_t v = 0x38u << (8 * (kappa & 3));
@@ -1885,12 +1887,12 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
     const int stok = 16 * w + (lane & 7) + 8 * ((lane >> 3) & 1);
     const std::uint32_t kb = smem_u32(k_s) + std::uint32_t(stok * 128);
     const std::uint64_t desc = gmma_desc(smem_u32(perm_s), 16, 1024);
-    // The warpgroup's 8 k-steps one product each, the next kAhead issued before a step is
-    // stored (kAhead = 1 against products waited for two at a time: dense fp8 128 heads 1 x 32K
-    // 42.7-42.9 -> 42.2-42.4 us, 64 x 32K 1520 -> 1460-1468; docs/performance.md, run 32).
-    constexpr int kAhead = 1;
+    // The warpgroup's 8 k-steps one product each, the next issued before a step is stored
+    // (against products waited for two at a time: dense fp8 128 heads 1 x 32K 42.7-42.9 ->
+    // 42.2-42.4 us, 64 x 32K 1520 -> 1460-1468; two products ahead: slower, docs/performance.md,
+    // run 32).
     std::uint32_t a[8][4];
-    float d[kAhead + 1][16];
+    float d[2][16];
     auto load_half = [&](int h) {  // k-steps 2 h, 2 h + 1: half h % 2 of scale group 2 wg + h / 2
       const int off = (2 * wg + (h >> 1)) * DsMlaFp8Entry::group_size + 32 * c + 16 * (h & 1);
       const uint4 x0 = *reinterpret_cast<const uint4*>(e0 + off);
@@ -1902,22 +1904,19 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
     auto issue = [&](int step) {
       if (step % 2 == 0) load_half(step / 2);
       wgmma_fence();
-      wgmma_m64n32k32_e4m3_rs_set(d[step % (kAhead + 1)], a[step], desc);
+      wgmma_m64n32k32_e4m3_rs_set(d[step & 1], a[step], desc);
       wgmma_commit();
     };
-#pragma unroll
-    for (int step = 0; step < kAhead; ++step) issue(step);
+    issue(0);
 #pragma unroll
     for (int step = 0; step < 8; ++step) {
-      if (step + kAhead < 8) {
-        issue(step + kAhead);
-        wgmma_wait<kAhead>();
-      } else if (step + 2 == 8) {
-        wgmma_wait<1>();
+      if (step + 1 < 8) {
+        issue(step + 1);
+        wgmma_wait<1>();  // step's product is done, step + 1's in flight
       } else {
         wgmma_wait<0>();
       }
-      const float(&dq)[16] = d[step % (kAhead + 1)];
+      const float(&dq)[16] = d[step & 1];
       const int grp = 2 * wg + (step >> 2), u = step & 3;
       const float s0 = (step >> 2) ? sc0.y : sc0.x, s1 = (step >> 2) ? sc1.y : sc1.x;
 #pragma unroll
