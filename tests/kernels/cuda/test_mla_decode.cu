@@ -873,14 +873,16 @@ TEST_CASE("CUDA dense fp8 MLA decode with scales and query magnitudes over many 
 }
 
 // Many splits over a grid that covers the GPU: the 16-head fp8 kernel then copies each split's
-// block-table entries four tiles ahead into shared memory (mla_wg_kernel's kTableRing
+// block-table entries into shared memory ahead, four tiles' at a time (mla_wg_kernel's kTableRing
 // instantiation: tiles of one page, entries 8 pages apart or more, CTAs for at least 3/4 of the
-// multiprocessors). 5 requests give 11 rows (three per even request): 176 CTAs at S = 16, 704 at
-// S = 64 (the ring on a GPU of up to 234 multiprocessors), 88 at S = 8; partial tiles included.
+// multiprocessors). 6 requests give 12 rows (three per even request): 192 CTAs at S = 16, 768 at
+// S = 64 (the ring on a GPU of up to 256 multiprocessors), 96 at S = 8; partial tiles included.
+// The 12000-token request's splits at S = 16 have 12 tiles, so the ring's eight entries are
+// refilled and read again.
 TEST_CASE("CUDA dense fp8 MLA decode at 16 heads over many splits and a full grid",
           "[cuda][mla][dense][fp8]") {
   std::mt19937_64 rng(20261201);
-  const std::vector<std::int64_t> lengths{5000, 4200, 4097, 1100, 6000};
+  const std::vector<std::int64_t> lengths{5000, 4200, 4097, 1100, 6000, 12000};
   const DenseCase dc = make_dense_case(lengths, 1, rng);
   const std::int64_t T = std::int64_t(dc.rows.request.size());
   const DeviceRows drows(dc.rows);

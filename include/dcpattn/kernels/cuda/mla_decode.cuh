@@ -2689,7 +2689,8 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
 ///         empty mbarriers, the full arrival made by the copies themselves
 ///         (cp.async.mbarrier.arrive); see narrow_fp8_consumers. kTableRing (dense, launched where
 ///         a split's consecutive tiles have their block-table entries in lines of their own and
-///         the grid covers the GPU): the entries are copied four tiles ahead (table_copy).
+///         the grid covers the GPU): the entries are copied into shared memory ahead, four
+///         tiles' at a time (table_chunk).
 template <int kRows, bool kSparse, bool kTma, bool kTableRing, class QSrc, class CacheView,
           class Own>
 __global__ void __launch_bounds__(
@@ -2875,19 +2876,26 @@ __global__ void __launch_bounds__(
           ahead_page = a.block_table(std::int64_t(req), page_index);
       }
     };
-    // Dense fp8 (narrow), tiles of one page each (raw_bulk): the block-table entries of tile m's
-    // tokens are copied into the (dense: unused) ring by cp.async four tiles ahead (table_copy
-    // after tile m - 4's slots; tiles 1 .. 4 at the start), one commit group per tile, and
-    // next_tile waits for tile m's group only. A read_ahead one tile ahead held the copies back
-    // by its latency where each tile's entry is in a line of its own (many splits: S = 16 at
-    // 8 x 32K). Nothing waits on these copies but next_tile.
+    // Dense fp8 (narrow), tiles of one page each (raw_bulk): the block-table entry of each tile
+    // (its page's: every token of a tile is in one page) is copied into the (dense: unused) ring
+    // by cp.async a chunk of kTableChunk tiles at a time, two chunks ahead of use at the start
+    // and one chunk ahead after it (table_chunk; ring entry m mod 2 kTableChunk, one thread a
+    // tile). next_tile waits for a chunk when it enters it (cp.async.wait_group and a producer
+    // barrier, as the entry is read by every producer thread). A read_ahead one tile ahead held
+    // the copies back by its latency where each tile's entry is in a line of its own (many
+    // splits: S = 16 at 8 x 32K). Against 64 copies of the entry a tile (one a token, four tiles
+    // ahead, each thread reading its own): 8 x 32K 57.8-58.0 -> 56.4-56.7 us, 8 x 128K
+    // 189.5-189.7 -> 179.5-180.7 (docs/performance.md, run 33). Nothing waits on these copies
+    // but next_tile.
     [[maybe_unused]] bool table_ring = false;
-    [[maybe_unused]] auto table_copy = [&](std::int64_t m) {
-      const std::int64_t k = m * kTileTokens + ptid;
-      if (ptid < kTileTokens && k < n) {
-        const std::uint32_t pos = mla_split_position(std::uint32_t(k), j, S, a.interleave);
+    constexpr int kTableChunk = 4;
+    [[maybe_unused]] auto table_chunk = [&](std::int64_t c) {
+      const std::int64_t m = c * kTableChunk + ptid;  // the tile of this thread's entry
+      if (ptid < kTableChunk && m > 0 && m * kTileTokens < n) {
+        const std::uint32_t pos =
+            mla_split_position(std::uint32_t(m * kTileTokens), j, S, a.interleave);
         const std::int64_t page_index = pos / std::uint32_t(a.page_size);
-        int* dst = ring_s + (m & 3) * kTileTokens + ptid;
+        int* dst = ring_s + (m & (2 * kTableChunk - 1));
         if (page_index < a.block_table.extent(1)) {
           asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)),
                        "l"(__cvta_generic_to_global(&a.block_table(std::int64_t(req), page_index)))
@@ -2904,12 +2912,22 @@ __global__ void __launch_bounds__(
       if constexpr (!kSparse) {
         n_tile = int(n - k0 < kTileTokens ? (n - k0 > 0 ? n - k0 : 0) : kTileTokens);
         const bool from_ring = kTableRing && table_ring && k0 > 0 && n_tile > 0;
-        if (from_ring) cp_async_wait<3>();  // tile k0 / 64's entries (three tiles' after it)
+        if constexpr (kTableRing) {
+          const std::int64_t m = k0 / kTileTokens;
+          if (from_ring && (m == 1 || m % kTableChunk == 0)) {
+            // Entering chunk m / 4 (tile 1: chunk 0): the chunk after it goes out, into the
+            // entries of the chunk before, whose tiles are all done; then this chunk's entries.
+            if (m > 1) table_chunk(m / kTableChunk + 1);
+            cp_async_wait<1>();
+            producer_barrier();
+          }
+        }
         if (n_tile > 0 && ptid < kTileTokens) {
           std::int64_t slot = -1;
           if (ptid < n_tile) {
             if (from_ring) {
-              const std::int64_t page = ring_s[((k0 / kTileTokens) & 3) * kTileTokens + ptid];
+              const std::int64_t page =
+                  ring_s[(k0 / kTileTokens) & (2 * kTableChunk - 1)];  // every thread
               const std::uint32_t pos =
                   mla_split_position(std::uint32_t(k0 + ptid), j, S, a.interleave);
               slot = page * a.page_size + std::int64_t(pos % std::uint32_t(a.page_size));
@@ -2923,8 +2941,6 @@ __global__ void __launch_bounds__(
           }
           slots[ptid] = int(slot);
         }
-        if constexpr (kTableRing)
-          if (from_ring) table_copy(k0 / kTileTokens + 4);
         k0 += kTileTokens;
       } else {
         // Gather the split's entries in list order until a tile is full or the list is done.
@@ -3036,8 +3052,10 @@ __global__ void __launch_bounds__(
       int k = 0;
       if constexpr (kTableRing) {
         table_ring = a.raw_bulk && a.cache_vector && pos32 && n > kTileTokens;
-        if (table_ring)
-          for (int m = 1; m <= 4; ++m) table_copy(m);
+        if (table_ring) {
+          table_chunk(0);
+          table_chunk(1);
+        }
       }
       for (; k < R && n_k > 0; ++k) {
         load_raw(k, n_k);
@@ -3061,7 +3079,7 @@ __global__ void __launch_bounds__(
         if (ptid == 0) count_s[k % SB] = 0;
         mbar_arrive(&full[k % R]);  // an end marker: the consumers read the count 0 and stop
       }
-      if constexpr (kTableRing) cp_async_wait_all();  // table_copy's: none in flight at the exit
+      if constexpr (kTableRing) cp_async_wait_all();  // table_chunk's: none in flight at the exit
     } else if constexpr (!kFp8) {
       // Tile k is handed over by its own copies: each producer thread's arrival on full[k mod 2]
       // is made when its copies of tile k have landed (cp.async.mbarrier.arrive; the consumers
@@ -3962,7 +3980,7 @@ bool dense_splits(const QView& q, const CacheView& cache,
   if constexpr (is_plain_strided_v<CacheView> &&
                 mla_cache_format_v<CacheView> == CacheFormat::fp8_ds_mla) {
     a.raw_bulk = page_runs && cache.stride(0) == wg::kRawEntry;
-    // The 16-head kernel with the block-table ring (mla_wg_kernel's table_copy), a separate
+    // The 16-head kernel with the block-table ring (mla_wg_kernel's table_chunk), a separate
     // instantiation, where a split's runs of positions lie 8 pages apart or more (S > 1, S x I
     // >= 8 pages: consecutive tiles' entries at least 32 bytes apart where I is one tile) and
     // the grid covers at least 3/4 of the multiprocessors. H200 (docs/performance.md, run 20):
