@@ -266,32 +266,25 @@ DCPATTN_DEVICE void ldsm_x4_trans(std::uint32_t addr, std::uint32_t (&r)[4]) {
                : "r"(addr)
                : "memory");
 }
-/// Stores four 8x8 matrices of 16-bit elements transposed (stmatrix .trans): register k of lane
-/// l holds elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix k (the low half the
-/// first); lane 8 k + j gives the 16-byte-aligned address of row j of matrix k as stored, which
-/// holds column j of the matrix.
-DCPATTN_DEVICE void stsm_x4_trans([[maybe_unused]] std::uint32_t addr,
-                                  [[maybe_unused]] const std::uint32_t (&r)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-      : "memory");
-#else
-  __trap();  // the narrow fp8 kernel only: sm_90a
-#endif
-}
 /// Stores four 8x8 matrices of 16-bit elements (stmatrix): register k of lane l holds elements
 /// (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of matrix k (the low half the first); lane
-/// 8 k + j gives the 16-byte-aligned address of row j of matrix k.
+/// 8 k + j gives the 16-byte-aligned address of row j of matrix k as stored. kTrans (stmatrix
+/// .trans): each matrix is stored transposed, so that row j as stored holds column j.
+template <bool kTrans>
 DCPATTN_DEVICE void stsm_x4([[maybe_unused]] std::uint32_t addr,
                             [[maybe_unused]] const std::uint32_t (&r)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
+  if constexpr (kTrans)
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+        "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+        : "memory");
+  else
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 #else
-  __trap();  // the 64-head fp8 kernel only: sm_90a
+  __trap();  // the fp8 kernels only: sm_90a
 #endif
 }
 /// d += a b for one m16n8k16 bf16 tile with fp32 accumulation. Fragments (PTX ISA, "Matrix
@@ -1926,7 +1919,8 @@ DCPATTN_DEVICE void dequant_tile(const unsigned char* raw_s, unsigned char* k_s,
                                     cvt_bf16x2(dq[4 * jp + 4] * s0, dq[4 * jp + 5] * s0),
                                     cvt_bf16x2(dq[4 * jp + 6] * s1, dq[4 * jp + 7] * s1)};
         const int chunk = 16 * grp + 4 * (jp + (lane >> 4)) + u;
-        stsm_x4(kb + std::uint32_t((chunk >> 3) * kBlock + (((chunk & 7) ^ (stok & 7)) << 4)), r);
+        stsm_x4<false>(
+            kb + std::uint32_t((chunk >> 3) * kBlock + (((chunk & 7) ^ (stok & 7)) << 4)), r);
       }
     }
   } else {
@@ -2515,7 +2509,7 @@ DCPATTN_DEVICE void narrow_fp8_consumers(const Args& a, unsigned char* smem, std
                                     half2_bits(p1[0] * f1[grp], p1[1] * f1[grp]),
                                     half2_bits(p0[2] * f0[grp], p0[3] * f0[grp]),
                                     half2_bits(p1[2] * f1[grp], p1[3] * f1[grp])};
-        stsm_x4_trans(smem_u32(pt_block(i & 1, grp)) + st_row, r);
+        stsm_x4<true>(smem_u32(pt_block(i & 1, grp)) + st_row, r);
       }
       fence_proxy_async();
       // P_g^T and the rescale factors of tile i are complete. No warp arrives for tile i + 2
