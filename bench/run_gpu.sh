@@ -10,7 +10,8 @@
 #    compute-sanitizer is missing);
 # 4. every bench_* binary, JSON into the results folder;
 # 5. the PyTorch peers (bench/peers/*.py) when python3 can import torch;
-# 6. bench/plot.py over the results (PNG files; skipped without matplotlib).
+# 6. bench/plot.py over the results (PNG files; skipped without matplotlib), and
+#    bench/mla_table.py: the MLA decode table and floor check (mla_decode_table.md).
 # Results and one log per step go to "${OUT:-bench/results}" (run_gpu.log has everything). Every
 # step runs even after an earlier one failed; the exit status is non-zero if any step failed.
 # A summary table is printed last.
@@ -161,11 +162,19 @@ else
   skip peers "python3 with torch not available"
 fi
 
-# ---- 6. plots ----
+# ---- 6. plots, and the MLA decode table with its floor check ----
 if ! enabled plot; then
   :
 elif command -v python3 >/dev/null 2>&1; then
   step plot python3 bench/plot.py "$RESULTS"
+  if [ -f "$RESULTS/mla_decode.json" ]; then
+    flash="$RESULTS/flashmla_peer.json"
+    [ -f "$flash" ] || flash=/dev/null
+    peer="$RESULTS/mla_decode_peer.json"
+    [ -f "$peer" ] || peer=/dev/null
+    step mla_table sh -c 'python3 bench/mla_table.py "$1" "$2" "$3" > "$4"' sh \
+      "$RESULTS/mla_decode.json" "$flash" "$peer" "$RESULTS/mla_decode_table.md"
+  fi
 else
   skip plot "python3 not available"
 fi

@@ -465,7 +465,9 @@ DCPATTN_DEVICE std::int64_t checked_slot(const Args& a, std::int32_t req, std::i
 /// triggers its dependents early (griddepcontrol.launch_dependents), so a dependent's launch
 /// begins as the CTAs exit. A split CTA's trigger right after its set-up was slower in the short
 /// calls that end with a merge: dense bf16 1 x 32K, 128 heads, 40.4 against 38.9-39.1 us; fp8 16
-/// heads 8 x 4K, 22.9-23.2 against 21.3-21.4 (run 18).
+/// heads 8 x 4K, 22.9-23.2 against 21.3-21.4 (run 18). So was a trigger right after the CTA's
+/// last tile, before its state writes: dense fp8 1 x 32K, 128 heads, back to back 38.4 -> 39.8
+/// us, sparse fp8 batch 1 16.8 -> 17.5 (docs/performance.md, run 37).
 DCPATTN_DEVICE void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
