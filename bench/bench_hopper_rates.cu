@@ -19,12 +19,22 @@
 //     would: by st.async (asynchronous stores completing on the partner's mbarrier), with eight
 //     lanes to a 128-byte row, or by bulk copies of the own half once it is stored. Cycles from
 //     clock64 around 2000 tiles, a cluster barrier after each.
-// Every SM runs the same CTAs; the figures are per SM. JSON records go to argv[1] (default
-// hopper_rates.json).
+//   - the split states' traffic through the L2 at batch 1 (the tail of a 128-head 1 x 32K MLA
+//     decode call: 128 CTAs, one per SM, each writing its 64 x 512 state, then a merge reading all
+//     of them): the span from the first CTA's start to the last CTA's end (%globaltimer, the
+//     median of 9 launches) of 128 CTAs each storing 128 KiB (fp32) or 64 KiB (bf16) into a
+//     buffer that stays in the L2, in the split kernels' pattern (256 threads, a quad's 32 bytes
+//     to each of 8 rows a store; also with the rows' start staggered, and with a thread's two rows
+//     in turn) and in whole 512-byte rows a warp; and of 128 CTAs of 512 threads each reading its
+//     head's value dims of the 64 states, as the merge kernel of 64 states does. Beside each span,
+//     the time per launch of 20 launches back to back in a CUDA graph.
+// Every SM runs the same CTAs; the figures are per SM (the L2 traffic's: per GPU). JSON records go
+// to argv[1] (default hopper_rates.json).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_fp16.h>
@@ -70,7 +80,9 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kStoreThreads)
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   local = std::uint32_t(__cvta_generic_to_shared(tile));
   bar = std::uint32_t(__cvta_generic_to_shared(&landed));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank ^ 1u));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(local), "r"(rank ^ 1u));
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(remote_bar)
                : "r"(bar), "r"(rank ^ 1u));
@@ -78,8 +90,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kStoreThreads)
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
-               ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
   const long long t0 = clock64();
   for (int it = 0; it < kStoreTiles; ++it) {
     if ((kMode == 3 || kMode == 4 || kMode == 6) && threadIdx.x == 0)
@@ -269,6 +281,96 @@ __global__ void convert_rate_kernel(const std::uint32_t* in, std::uint32_t* out)
   if (acc == 0x12345678u) out[threadIdx.x] = acc;  // never: keeps the conversions
 }
 
+// ---- the split states through the L2 ----
+constexpr int kStateCtas = 128;                // 2 head blocks x 64 splits: 128 heads at 1 x 32K
+constexpr int kStateThreads = 256;             // the 64-head kernels' two consumer warpgroups
+constexpr int kStateValues = 64 * 512;         // a CTA's state: 64 heads x 512 dims
+__device__ unsigned g_state_smid[kStateCtas];  // the SM of each CTA of the last launch
+
+__device__ __forceinline__ unsigned smid() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
+/// One 8-byte store of two floats (st.global.v2.f32), as the split kernels' float2 stores
+/// compile; a plain float2 assignment here compiled to two 4-byte stores.
+__device__ __forceinline__ void st_v2(void* p, float a, float b) {
+  asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+
+/// Each CTA stores its state (kStateValues of T) into `dst` + blockIdx.x * kStateValues, then
+/// records its start and end (%globaltimer; with kFence the end after a fence, so that its stores
+/// are performed, else once they are issued).
+/// kRows false: the split kernels' pattern (warpgroup g: dims [256 g, +256); warp w of it: rows
+/// 16 w + lane / 4 and + 8; per store a quad writes 32 bytes of one row, 8 a lane: fp32 2 dims,
+/// bf16 4); true: each warp stores whole 512-byte rows, 16 bytes a lane.
+/// kOrder (the split kernels' pattern): 0 as they store; 1 warp w of CTA b starts at column
+/// block 4 w + b (mod 32); 2 a thread's two rows in turn at each column block.
+template <class T, bool kRows, bool kFence = true, int kOrder = 0>
+__global__ void __launch_bounds__(kStateThreads)
+    state_store_kernel(T* dst, unsigned long long* stamps) {
+  __syncthreads();
+  const unsigned long long t0 = dcpattn::bench::globaltimer_ns();
+  T* base = dst + std::size_t(blockIdx.x) * kStateValues;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float v = float(blockIdx.x + threadIdx.x);
+  if (dst == nullptr) {
+    // nothing stored: the launch and the stamps alone
+  } else if constexpr (kRows) {
+    constexpr int kPerVec = 16 / int(sizeof(T));
+    uint4* q = reinterpret_cast<uint4*>(base);
+    const uint4 x = make_uint4(__float_as_uint(v), 0u, 1u, 2u);
+    for (int i = threadIdx.x; i < kStateValues / kPerVec; i += kStateThreads) q[i] = x;
+  } else {
+    const int g = warp >> 2, wq = warp & 3;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int half = kOrder == 2 ? i & 1 : i >> 5;
+      const int c0 = kOrder == 2 ? i >> 1 : i & 31;
+      const int c = kOrder == 1 ? (c0 + 4 * warp + int(blockIdx.x)) & 31 : c0;
+      const int r = 16 * wq + (lane >> 2) + 8 * half;
+      if constexpr (sizeof(T) == 4) {
+        st_v2(base + r * 512 + 256 * g + 8 * c + 2 * (lane & 3), v, v + 1.0f);
+      } else if ((c0 & 1) == 0) {
+        // bf16: as the split kernels' bf16 states, a quad's 32 bytes (16 dims) of one row a
+        // store, 8 bytes a lane: dims 8 c + 4 (lane mod 4) .. + 3.
+        st_v2(base + r * 512 + 256 * g + 8 * c + 4 * (lane & 3), v, v);
+      }
+    }
+  }
+  if constexpr (kFence) __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    stamps[2 * blockIdx.x] = t0;
+    g_state_smid[blockIdx.x] = smid();
+    stamps[2 * blockIdx.x + 1] = dcpattn::bench::globaltimer_ns();
+  }
+}
+
+/// The merge kernel's reads of 64 fp32 states: CTA h (of 128, 512 threads) reads value dim
+/// threadIdx.x of state (k, h) for every k, all loads issued before any is used, and stamps its
+/// start and end as state_store_kernel.
+__global__ void __launch_bounds__(512)
+    state_read_kernel(const float* __restrict__ src, float* sink, unsigned long long* stamps) {
+  __syncthreads();
+  const unsigned long long t0 = dcpattn::bench::globaltimer_ns();
+  float v[64];
+#pragma unroll
+  for (int k = 0; k < 64; ++k)
+    v[k] = src[(std::size_t(k) * kStateCtas + blockIdx.x) * 512 + threadIdx.x];
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 64; ++k) s += v[k];
+  if (s == 1.2345f) sink[threadIdx.x] = s;  // never: keeps the loads
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    stamps[2 * blockIdx.x] = t0;
+    g_state_smid[blockIdx.x] = smid();
+    stamps[2 * blockIdx.x + 1] = dcpattn::bench::globaltimer_ns();
+  }
+}
+
 template <int N, int W, bool kFp8 = false, int kChains = 8>
 void wgmma_case(dcpattn::bench::JsonRecords& json, int clock_khz) {
   unsigned long long* out = nullptr;
@@ -381,6 +483,131 @@ void store_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
   cudaFree(cycles);
 }
 
+/// The span of kStateCtas CTAs' stamps (last end - first start), in us.
+double stamp_span_us(const std::vector<unsigned long long>& h) {
+  unsigned long long first = ~0ull, last = 0;
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2) {
+    first = std::min(first, h[i]);
+    last = std::max(last, h[i + 1]);
+  }
+  return double(last - first) / 1000.0;
+}
+
+/// The median and the largest of the CTAs' own durations (end - start), in us.
+std::pair<double, double> cta_durations_us(const std::vector<unsigned long long>& h) {
+  std::vector<double> d;
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2) d.push_back(double(h[i + 1] - h[i]) / 1000.0);
+  std::sort(d.begin(), d.end());
+  return {d[d.size() / 2], d.back()};
+}
+std::pair<double, double> g_last_durations;
+
+/// launch() once to warm up, then 9 times; the median span of the CTAs' stamps.
+template <class Launch>
+double median_span_us(Launch&& launch, unsigned long long* stamps, int ctas) {
+  std::vector<unsigned long long> h(std::size_t(2 * ctas));
+  std::vector<double> spans;
+  for (int rep = 0; rep < 10; ++rep) {
+    launch();
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+    DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    DCPATTN_CUDA_CHECK(cudaMemcpy(h.data(), stamps, h.size() * sizeof(unsigned long long),
+                                  cudaMemcpyDeviceToHost));
+    if (rep > 0) spans.push_back(stamp_span_us(h));
+    g_last_durations = cta_durations_us(h);
+  }
+  std::sort(spans.begin(), spans.end());
+  return spans[spans.size() / 2];
+}
+
+void state_traffic_cases(dcpattn::bench::JsonRecords& json, int clock_khz) {
+  const std::size_t bytes = std::size_t(kStateCtas) * kStateValues * sizeof(float);
+  void* buf = nullptr;
+  float* sink = nullptr;
+  unsigned long long* stamps = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&buf, bytes));
+  DCPATTN_CUDA_CHECK(cudaMalloc(&sink, 512 * sizeof(float)));
+  DCPATTN_CUDA_CHECK(cudaMalloc(&stamps, 2 * 512 * sizeof(unsigned long long)));
+  DCPATTN_CUDA_CHECK(cudaMemset(buf, 0, bytes));
+  cudaStream_t stream = nullptr;
+  DCPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The per-call time of 20 launches back to back in a CUDA graph (each launch waits for the one
+  // before to complete, its stores included), beside the span of one launch's stamps.
+  auto record = [&](const char* what, double state_bytes, auto launch) {
+    const double span = median_span_us([&] { launch(cudaStream_t{}); }, stamps, kStateCtas);
+    unsigned ids[kStateCtas];
+    DCPATTN_CUDA_CHECK(cudaMemcpyFromSymbol(ids, g_state_smid, sizeof ids));
+    std::sort(ids, ids + kStateCtas);
+    const int sms_used = int(std::unique(ids, ids + kStateCtas) - ids);
+    const double per_call = dcpattn::bench::median_us_graph([&] { launch(stream); }, stream, 20);
+    std::printf(
+        "split states through the L2, %-48s: span %6.2f us, back to back %6.2f us a "
+        "call (%5.0f GB/s), %d SMs, a CTA %5.2f us (median), %5.2f (most)\n",
+        what, span, per_call, state_bytes / per_call * 1e-3, sms_used, g_last_durations.first,
+        g_last_durations.second);
+    json.begin()
+        .field("kind", "state_traffic")
+        .field("what", what)
+        .field("ctas", kStateCtas)
+        .field("bytes", state_bytes)
+        .field("span_us", span)
+        .field("back_to_back_us", per_call)
+        .field("gbs_back_to_back", state_bytes / per_call * 1e-3)
+        .field("sms_used", sms_used)
+        .field("clock_khz", clock_khz);
+  };
+  float* f = static_cast<float*>(buf);
+  auto* b = static_cast<std::uint16_t*>(buf);
+  const double fp32_bytes = double(bytes), bf16_bytes = double(bytes) / 2;
+  record("nothing stored (the launch alone)", 0.0, [&](cudaStream_t st) {
+    state_store_kernel<float, true><<<kStateCtas, kStateThreads, 0, st>>>(nullptr, stamps);
+  });
+  record("fp32 stores, the split kernels' pattern", fp32_bytes, [&](cudaStream_t st) {
+    state_store_kernel<float, false><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
+  });
+  // The split kernels' CTAs hold 200 KiB of shared memory, one CTA an SM: the same here.
+  constexpr int kOneASm = 200 * 1024;
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(state_store_kernel<float, false>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kOneASm));
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(state_store_kernel<float, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kOneASm));
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(state_read_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kOneASm));
+  record("the same, one CTA an SM", fp32_bytes, [&](cudaStream_t st) {
+    state_store_kernel<float, false><<<kStateCtas, kStateThreads, kOneASm, st>>>(f, stamps);
+  });
+  record("the same, column blocks staggered by warp and CTA", fp32_bytes, [&](cudaStream_t st) {
+    state_store_kernel<float, false, true, 1><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
+  });
+  record("the same, rows r0 and r0 + 8 in turn", fp32_bytes, [&](cudaStream_t st) {
+    state_store_kernel<float, false, true, 2><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
+  });
+  record("fp32 stores, 512-byte rows, one CTA an SM", fp32_bytes, [&](cudaStream_t st) {
+    state_store_kernel<float, true><<<kStateCtas, kStateThreads, kOneASm, st>>>(f, stamps);
+  });
+  record("fp32 reads, the merge kernel's, one CTA an SM", fp32_bytes, [&](cudaStream_t st) {
+    state_read_kernel<<<kStateCtas, 512, kOneASm, st>>>(f, sink, stamps);
+  });
+  record("the same, span to the last store issued (no fence)", fp32_bytes, [&](cudaStream_t st) {
+    state_store_kernel<float, false, false><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
+  });
+  record("fp32 stores, 512-byte rows", fp32_bytes, [&](cudaStream_t st) {
+    state_store_kernel<float, true><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
+  });
+  record("bf16 stores, the split kernels' pattern", bf16_bytes, [&](cudaStream_t st) {
+    state_store_kernel<std::uint16_t, false><<<kStateCtas, kStateThreads, 0, st>>>(b, stamps);
+  });
+  record("bf16 stores, 512-byte rows", bf16_bytes, [&](cudaStream_t st) {
+    state_store_kernel<std::uint16_t, true><<<kStateCtas, kStateThreads, 0, st>>>(b, stamps);
+  });
+  record("fp32 reads, the merge kernel's (64 states)", fp32_bytes,
+         [&](cudaStream_t st) { state_read_kernel<<<kStateCtas, 512, 0, st>>>(f, sink, stamps); });
+  cudaStreamDestroy(stream);
+  cudaFree(buf);
+  cudaFree(sink);
+  cudaFree(stamps);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -439,6 +666,7 @@ int main(int argc, char** argv) {
     store_case<4>(json, sms, clock_khz);
     store_case<5>(json, sms, clock_khz);
     store_case<6>(json, sms, clock_khz);
+    state_traffic_cases(json, clock_khz);
     cudaFree(bad);
     cudaFree(in);
     cudaFree(out);
