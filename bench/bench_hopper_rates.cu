@@ -34,7 +34,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <cuda_fp16.h>
@@ -483,41 +482,40 @@ void store_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
   cudaFree(cycles);
 }
 
-/// The span of kStateCtas CTAs' stamps (last end - first start), in us.
-double stamp_span_us(const std::vector<unsigned long long>& h) {
+/// One launch's stamps: the span from the first CTA's start to the last CTA's end, and the
+/// median and largest of the CTAs' own durations, in us.
+struct Stamps {
+  double span, cta_median, cta_most;
+};
+
+Stamps read_stamps(const std::vector<unsigned long long>& h) {
   unsigned long long first = ~0ull, last = 0;
+  std::vector<double> d;
   for (std::size_t i = 0; i + 1 < h.size(); i += 2) {
     first = std::min(first, h[i]);
     last = std::max(last, h[i + 1]);
+    d.push_back(double(h[i + 1] - h[i]) / 1000.0);
   }
-  return double(last - first) / 1000.0;
-}
-
-/// The median and the largest of the CTAs' own durations (end - start), in us.
-std::pair<double, double> cta_durations_us(const std::vector<unsigned long long>& h) {
-  std::vector<double> d;
-  for (std::size_t i = 0; i + 1 < h.size(); i += 2) d.push_back(double(h[i + 1] - h[i]) / 1000.0);
   std::sort(d.begin(), d.end());
-  return {d[d.size() / 2], d.back()};
+  return {double(last - first) / 1000.0, d[d.size() / 2], d.back()};
 }
-std::pair<double, double> g_last_durations;
 
-/// launch() once to warm up, then 9 times; the median span of the CTAs' stamps.
+/// launch() once to warm up, then 9 times; the launch of the median span.
 template <class Launch>
-double median_span_us(Launch&& launch, unsigned long long* stamps, int ctas) {
-  std::vector<unsigned long long> h(std::size_t(2 * ctas));
-  std::vector<double> spans;
+Stamps median_stamps(Launch&& launch, unsigned long long* stamps) {
+  std::vector<unsigned long long> h(std::size_t(2 * kStateCtas));
+  std::vector<Stamps> runs;
   for (int rep = 0; rep < 10; ++rep) {
     launch();
     DCPATTN_CUDA_CHECK(cudaGetLastError());
     DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
     DCPATTN_CUDA_CHECK(cudaMemcpy(h.data(), stamps, h.size() * sizeof(unsigned long long),
                                   cudaMemcpyDeviceToHost));
-    if (rep > 0) spans.push_back(stamp_span_us(h));
-    g_last_durations = cta_durations_us(h);
+    if (rep > 0) runs.push_back(read_stamps(h));
   }
-  std::sort(spans.begin(), spans.end());
-  return spans[spans.size() / 2];
+  std::sort(runs.begin(), runs.end(),
+            [](const Stamps& a, const Stamps& b) { return a.span < b.span; });
+  return runs[runs.size() / 2];
 }
 
 void state_traffic_cases(dcpattn::bench::JsonRecords& json, int clock_khz) {
@@ -527,14 +525,19 @@ void state_traffic_cases(dcpattn::bench::JsonRecords& json, int clock_khz) {
   unsigned long long* stamps = nullptr;
   DCPATTN_CUDA_CHECK(cudaMalloc(&buf, bytes));
   DCPATTN_CUDA_CHECK(cudaMalloc(&sink, 512 * sizeof(float)));
-  DCPATTN_CUDA_CHECK(cudaMalloc(&stamps, 2 * 512 * sizeof(unsigned long long)));
+  DCPATTN_CUDA_CHECK(cudaMalloc(&stamps, 2 * kStateCtas * sizeof(unsigned long long)));
   DCPATTN_CUDA_CHECK(cudaMemset(buf, 0, bytes));
   cudaStream_t stream = nullptr;
   DCPATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  // The per-call time of 20 launches back to back in a CUDA graph (each launch waits for the one
-  // before to complete, its stores included), beside the span of one launch's stamps.
-  auto record = [&](const char* what, double state_bytes, auto launch) {
-    const double span = median_span_us([&] { launch(cudaStream_t{}); }, stamps, kStateCtas);
+  // Every case holds 200 KiB of shared memory a CTA, as the split kernels do: one CTA an SM.
+  // (Without it the CTAs also took 128 SMs and the same time.)
+  constexpr int kSmem = 200 * 1024;
+  // Beside the stamps of one launch: the per-call time of 20 launches back to back in a CUDA
+  // graph (each launch waits for the one before to complete, its stores included).
+  auto record = [&](const char* what, double state_bytes, auto kernel, auto launch) {
+    DCPATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    const Stamps st = median_stamps([&] { launch(cudaStream_t{}); }, stamps);
     unsigned ids[kStateCtas];
     DCPATTN_CUDA_CHECK(cudaMemcpyFromSymbol(ids, g_state_smid, sizeof ids));
     std::sort(ids, ids + kStateCtas);
@@ -543,14 +546,14 @@ void state_traffic_cases(dcpattn::bench::JsonRecords& json, int clock_khz) {
     std::printf(
         "split states through the L2, %-48s: span %6.2f us, back to back %6.2f us a "
         "call (%5.0f GB/s), %d SMs, a CTA %5.2f us (median), %5.2f (most)\n",
-        what, span, per_call, state_bytes / per_call * 1e-3, sms_used, g_last_durations.first,
-        g_last_durations.second);
+        what, st.span, per_call, state_bytes / per_call * 1e-3, sms_used, st.cta_median,
+        st.cta_most);
     json.begin()
         .field("kind", "state_traffic")
         .field("what", what)
         .field("ctas", kStateCtas)
         .field("bytes", state_bytes)
-        .field("span_us", span)
+        .field("span_us", st.span)
         .field("back_to_back_us", per_call)
         .field("gbs_back_to_back", state_bytes / per_call * 1e-3)
         .field("sms_used", sms_used)
@@ -559,49 +562,27 @@ void state_traffic_cases(dcpattn::bench::JsonRecords& json, int clock_khz) {
   float* f = static_cast<float*>(buf);
   auto* b = static_cast<std::uint16_t*>(buf);
   const double fp32_bytes = double(bytes), bf16_bytes = double(bytes) / 2;
-  record("nothing stored (the launch alone)", 0.0, [&](cudaStream_t st) {
-    state_store_kernel<float, true><<<kStateCtas, kStateThreads, 0, st>>>(nullptr, stamps);
-  });
-  record("fp32 stores, the split kernels' pattern", fp32_bytes, [&](cudaStream_t st) {
-    state_store_kernel<float, false><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
-  });
-  // The split kernels' CTAs hold 200 KiB of shared memory, one CTA an SM: the same here.
-  constexpr int kOneASm = 200 * 1024;
-  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(state_store_kernel<float, false>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kOneASm));
-  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(state_store_kernel<float, true>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kOneASm));
-  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(state_read_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kOneASm));
-  record("the same, one CTA an SM", fp32_bytes, [&](cudaStream_t st) {
-    state_store_kernel<float, false><<<kStateCtas, kStateThreads, kOneASm, st>>>(f, stamps);
-  });
-  record("the same, column blocks staggered by warp and CTA", fp32_bytes, [&](cudaStream_t st) {
-    state_store_kernel<float, false, true, 1><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
-  });
-  record("the same, rows r0 and r0 + 8 in turn", fp32_bytes, [&](cudaStream_t st) {
-    state_store_kernel<float, false, true, 2><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
-  });
-  record("fp32 stores, 512-byte rows, one CTA an SM", fp32_bytes, [&](cudaStream_t st) {
-    state_store_kernel<float, true><<<kStateCtas, kStateThreads, kOneASm, st>>>(f, stamps);
-  });
-  record("fp32 reads, the merge kernel's, one CTA an SM", fp32_bytes, [&](cudaStream_t st) {
-    state_read_kernel<<<kStateCtas, 512, kOneASm, st>>>(f, sink, stamps);
-  });
-  record("the same, span to the last store issued (no fence)", fp32_bytes, [&](cudaStream_t st) {
-    state_store_kernel<float, false, false><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
-  });
-  record("fp32 stores, 512-byte rows", fp32_bytes, [&](cudaStream_t st) {
-    state_store_kernel<float, true><<<kStateCtas, kStateThreads, 0, st>>>(f, stamps);
-  });
-  record("bf16 stores, the split kernels' pattern", bf16_bytes, [&](cudaStream_t st) {
-    state_store_kernel<std::uint16_t, false><<<kStateCtas, kStateThreads, 0, st>>>(b, stamps);
-  });
-  record("bf16 stores, 512-byte rows", bf16_bytes, [&](cudaStream_t st) {
-    state_store_kernel<std::uint16_t, true><<<kStateCtas, kStateThreads, 0, st>>>(b, stamps);
-  });
-  record("fp32 reads, the merge kernel's (64 states)", fp32_bytes,
-         [&](cudaStream_t st) { state_read_kernel<<<kStateCtas, 512, 0, st>>>(f, sink, stamps); });
+  // One case: `what`, its bytes and the store kernel <T, kRows, kFence, kOrder> on `dst`.
+#define DCPATTN_STATE_STORE_CASE(what, bytes_, dst, ...)                                   \
+  record(what, bytes_, state_store_kernel<__VA_ARGS__>, [&](cudaStream_t s) {              \
+    state_store_kernel<__VA_ARGS__><<<kStateCtas, kStateThreads, kSmem, s>>>(dst, stamps); \
+  })
+  DCPATTN_STATE_STORE_CASE("nothing stored (the launch alone)", 0.0, nullptr, float, true);
+  DCPATTN_STATE_STORE_CASE("fp32 stores, the split kernels' pattern", fp32_bytes, f, float, false);
+  DCPATTN_STATE_STORE_CASE("the same, span to the last store issued (no fence)", fp32_bytes, f,
+                           float, false, false);
+  DCPATTN_STATE_STORE_CASE("the same, column blocks staggered by warp and CTA", fp32_bytes, f,
+                           float, false, true, 1);
+  DCPATTN_STATE_STORE_CASE("the same, rows r0 and r0 + 8 in turn", fp32_bytes, f, float, false,
+                           true, 2);
+  DCPATTN_STATE_STORE_CASE("fp32 stores, 512-byte rows", fp32_bytes, f, float, true);
+  DCPATTN_STATE_STORE_CASE("bf16 stores, the split kernels' pattern", bf16_bytes, b, std::uint16_t,
+                           false);
+  DCPATTN_STATE_STORE_CASE("bf16 stores, 512-byte rows", bf16_bytes, b, std::uint16_t, true);
+#undef DCPATTN_STATE_STORE_CASE
+  record(
+      "fp32 reads, the merge kernel's (64 states)", fp32_bytes, state_read_kernel,
+      [&](cudaStream_t s) { state_read_kernel<<<kStateCtas, 512, kSmem, s>>>(f, sink, stamps); });
   cudaStreamDestroy(stream);
   cudaFree(buf);
   cudaFree(sink);
