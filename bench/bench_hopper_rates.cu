@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Two rates of the SM that the 16-head fp8 MLA decode kernel (narrow_fp8_consumers in
-// kernels/cuda/mla_decode.cuh) is built around, measured on the device (sm_90a):
+// Rates of the SM that the MLA decode kernels (kernels/cuda/mla_decode.cuh) are built around,
+// measured on the device (sm_90a):
 //   - wgmma: cycles per m64nNk16 f16 product (A from registers, B from shared memory) for one SM,
 //     with W warpgroups issuing independent products at once (N = 16: the kernel's value
 //     products; N = 32 for comparison), and per m64n32k32 e4m3 product (its score products, A
@@ -28,11 +28,22 @@
 //     in turn) and in whole 512-byte rows a warp; and of 128 CTAs of 512 threads each reading its
 //     head's value dims of the 64 states, as the merge kernel of 64 states does. Beside each span,
 //     the time per launch of 20 launches back to back in a CUDA graph.
+//   - products with both operands in shared memory (the 64-head kernels' products): cycles per
+//     m64n64k16 bf16 product in the kernels' score pattern (36 k-steps over 9 column blocks of
+//     the query and the tile, one accumulator; checked against the host's product), per m64n32k16
+//     product in the same pattern (the scores of a 32-token half tile), and per m64n256k16 value
+//     product (4 a wait, the values MN-major), each alone and beside a second warpgroup storing
+//     or loading 16-byte chunks of other shared memory as fast as it can (what a conversion of
+//     the next tile beside the products would do): the products' cycles and the other
+//     warpgroup's bytes per clock. Then the products' own rate and latency: m64nNk16 for N = 64,
+//     128, 256 on one column block, B K-major or MN-major, 4 or 32 products between waits.
 // Every SM runs the same CTAs; the figures are per SM (the L2 traffic's: per GPU). JSON records go
 // to argv[1] (default hopper_rates.json).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -409,6 +420,402 @@ void wgmma_case(dcpattn::bench::JsonRecords& json, int clock_khz) {
   cudaFree(sink);
 }
 
+// ---- products with both operands in shared memory, beside other shared-memory traffic ----
+// The 64-head kernels' products read both operands from shared memory: the scores as 36
+// m64n64k16 products a tile (the query block and the tile's keys, 2 KiB of each a product), the
+// values as m64n256k16 products (P, 2 KiB, and 8 KiB of the tile's values, MN-major). A half
+// tile of 32 tokens would make the scores m64n32k16 products, the query read twice a tile.
+// Warpgroup 0 issues the products; warpgroup 1 meanwhile stores (or loads) 16-byte chunks of
+// another 32 KiB of shared memory as fast as it can, as a conversion of the next tile beside the
+// products would, or stays idle.
+constexpr int kSsA = 0;                  // A: 9 column blocks of 64 rows x 128 bytes (72 KiB)
+constexpr int kSsB = 9 * 8192;           // B: up to 9 column blocks of 64 rows (72 KiB)
+constexpr int kSsTraffic = 2 * 9 * 8192; // warpgroup 1's 32 KiB
+constexpr int kSsFlag = kSsTraffic + 32768;
+constexpr int kSsBytes = kSsFlag + 16;
+
+/// d (+)= A B^T, m64n32k16 bf16, both operands K-major in shared memory (128-byte swizzle).
+__device__ __forceinline__ void mma_n32_ss(float (&d)[16], std::uint64_t a, std::uint64_t b,
+                                           int accumulate) {
+#if defined(DCPATTN_RATES_WGMMA)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,"
+      "%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
+#else
+  (void)d, (void)a, (void)b, (void)accumulate;
+  __trap();
+#endif
+}
+
+/// kShape 0: rounds of the 36 score products of a 64-token tile (m64n64k16, one accumulator, as
+/// the kernels); 1: of a 32-token half tile (m64n32k16); 2: rounds of 4 value products
+/// (m64n256k16, A = P, B = the values MN-major, as wgmma_m64n256_pv). kTraffic 0: warpgroup 1
+/// idle; 1: it stores 16 bytes a thread a step (st.shared.v4); 2: it loads them (ld.shared.v4).
+/// out[4 b]: warpgroup 0's cycles, out[4 b + 1]: warpgroup 1's cycles until it saw the products
+/// done, out[4 b + 2]: the bytes it moved in them.
+/// m64nNk16 bf16 products, both operands in shared memory, A K-major, B K-major (kTransB 0) or
+/// MN-major (1), accumulating into d.
+template <int kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[32], std::uint64_t a, std::uint64_t b) {
+#if defined(DCPATTN_RATES_WGMMA)
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, "
+      "0, %34;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "n"(kTransB));
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+template <int kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[64], std::uint64_t a, std::uint64_t b) {
+#if defined(DCPATTN_RATES_WGMMA)
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, "
+      "0, %66;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "n"(kTransB));
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+template <int kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[128], std::uint64_t a, std::uint64_t b) {
+#if defined(DCPATTN_RATES_WGMMA)
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, 1, 1, 1, "
+      "0, %130;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "n"(kTransB));
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+
+/// The same products by shape alone, one 64-dim column block of the operands: rounds of the 4
+/// k-steps of that block into one accumulator. B K-major: N rows of 128 bytes; MN-major: N / 64
+/// blocks of 64 k-rows x 128 bytes, 8 KiB apart (the values' layout). out[b]: the cycles.
+template <int N, int kTransB, int kSteps>
+__global__ void __launch_bounds__(128, 1) ss_shape_kernel(unsigned long long* out, float* sink) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  for (int i = threadIdx.x; i < (8192 + 32768) / 4; i += blockDim.x) {
+    std::uint32_t hsh = std::uint32_t(i) * 0x9e3779b9u + blockIdx.x;
+    hsh ^= hsh >> 15;
+    hsh *= 0x85ebca6bu;
+    hsh ^= hsh >> 13;
+    reinterpret_cast<std::uint32_t*>(smem)[i] = (hsh & 0x83FF83FFu) | 0x3C003C00u;
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const std::uint32_t base = std::uint32_t(__cvta_generic_to_shared(smem));
+  float d[N / 2] = {};
+  const unsigned long long t0 = clock64();
+#if defined(DCPATTN_RATES_WGMMA)
+  for (int it = 0; it < 16000 / kSteps; ++it) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      const int ks = k & 3;
+      const std::uint64_t a = gmma_desc(base + 32 * ks, 16, 1024);
+      const std::uint64_t b = kTransB ? gmma_desc(base + 8192 + 2048 * ks, 8192, 1024)
+                                      : gmma_desc(base + 8192 + 32 * ks, 16, 1024);
+      mma_ss<kTransB>(d, a, b);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  }
+#endif
+  const unsigned long long t1 = clock64();
+  float acc = 0.0f;
+  for (float v : d) acc += v;
+  if (acc == 1.2345f) sink[threadIdx.x] = acc;  // never: keeps the products
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = t1 - t0;
+    out[gridDim.x + blockIdx.x] = smid();
+  }
+}
+
+template <int N, int kTransB, int kSteps>
+void ss_shape_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
+  unsigned long long* out = nullptr;
+  float* sink = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&out, std::size_t(2) * sms * sizeof(unsigned long long)));
+  DCPATTN_CUDA_CHECK(cudaMalloc(&sink, 128 * sizeof(float)));
+  // 200 KiB a CTA, so that each SM holds one (8 + 32 KiB are used; with 40 KiB, two CTAs could
+  // share an SM: the same times, measured).
+  constexpr int kBytes = 200 * 1024;
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(ss_shape_kernel<N, kTransB, kSteps>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  for (int rep = 0; rep < 2; ++rep) {
+    ss_shape_kernel<N, kTransB, kSteps><<<sms, 128, kBytes>>>(out, sink);
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+    DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  std::vector<unsigned long long> h(std::size_t(2) * sms);
+  DCPATTN_CUDA_CHECK(cudaMemcpy(h.data(), out, h.size() * sizeof h[0], cudaMemcpyDeviceToHost));
+  std::vector<int> per_sm(1024, 0);
+  int shared_sms = 0;
+  for (int b = 0; b < sms; ++b)
+    if (++per_sm[h[sms + b] & 1023] == 2) ++shared_sms;
+  h.resize(sms);
+  std::sort(h.begin(), h.end());
+  const double per = double(h[h.size() / 2]) / 16000.0;
+  std::printf("products from shared memory: m64n%dk16 bf16, B %s, one accumulator, %2d products "
+              "a wait: %6.1f cycles a product, %5.0f flops a clock (SMs holding 2+ CTAs: %d)\n",
+              N, kTransB ? "MN-major" : "K-major ", kSteps, per, 2.0 * 64 * N * 16 / per,
+              shared_sms);
+  json.begin()
+      .field("kind", "wgmma_ss_shape")
+      .field("n", N)
+      .field("b_major", kTransB ? "MN" : "K")
+      .field("products_per_wait", kSteps)
+      .field("smem_bytes", kBytes)
+      .field("sms_holding_two_or_more", shared_sms)
+      .field("cycles_per_product", per)
+      .field("flops_per_clock", 2.0 * 64 * N * 16 / per)
+      .field("clock_khz", clock_khz);
+  cudaFree(out);
+  cudaFree(sink);
+}
+
+template <int kShape, int kTraffic>
+__global__ void __launch_bounds__(256, 1)
+    ss_rate_kernel(unsigned long long* out, float* sink, float* scores) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // Random bf16 values of either sign in [2^-7, 1): the tensor cores run products of equal
+  // values (one bit pattern everywhere) faster than the dense peak, so the operands must vary.
+  for (int i = threadIdx.x; i < kSsBytes / 4; i += blockDim.x) {
+    std::uint32_t hsh = std::uint32_t(i) * 0x9e3779b9u + blockIdx.x;
+    hsh ^= hsh >> 15;
+    hsh *= 0x85ebca6bu;
+    hsh ^= hsh >> 13;
+    reinterpret_cast<std::uint32_t*>(smem)[i] = (hsh & 0x83FF83FFu) | 0x3C003C00u;
+  }
+  volatile int* flag = reinterpret_cast<volatile int*>(smem + kSsFlag);
+  if (threadIdx.x == 0) *flag = 0;
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  const std::uint32_t base = std::uint32_t(__cvta_generic_to_shared(smem));
+  constexpr int kRoundsSs = kShape == 2 ? 4000 : 500;
+  if (threadIdx.x < 128) {
+    const unsigned long long t0 = clock64();
+    float acc = 0.0f;
+#if defined(DCPATTN_RATES_WGMMA)
+    namespace wgk = dcpattn::cuda_kernels::detail::mla::wg;
+    if constexpr (kShape == 0) {
+      float d[32] = {};
+      for (int it = 0; it < kRoundsSs; ++it) {
+        wgk::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 36; ++ks) {
+          const std::uint32_t off = std::uint32_t((ks >> 2) * 8192 + (ks & 3) * 32);
+          // Always accumulating: a round that starts from zero leaves the round before it dead,
+          // and ptxas then drops that round's products (seen in the machine code: the loop ran
+          // half the rounds).
+          wgk::wgmma_m64n64_qk(d, gmma_desc(base + kSsA + off, 16, 1024),
+                               gmma_desc(base + kSsB + off, 16, 1024), 1);
+        }
+        wgk::wgmma_commit();
+        wgk::wgmma_wait_all();
+      }
+      for (float v : d) acc += v;
+      if (blockIdx.x == 0) {  // the rounds' sum of S = A B^T (64 x 64), for the host's check
+        const int lane = threadIdx.x & 31, r0 = 16 * (threadIdx.x >> 5) + (lane >> 2);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            scores[(r0 + 8 * (e >> 1)) * 64 + 8 * j + 2 * (lane & 3) + (e & 1)] = d[4 * j + e];
+      }
+    } else if constexpr (kShape == 1) {
+      float d[16] = {};
+      for (int it = 0; it < kRoundsSs; ++it) {
+        wgk::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 36; ++ks) {
+          const std::uint32_t in = std::uint32_t((ks & 3) * 32);
+          mma_n32_ss(d, gmma_desc(base + kSsA + (ks >> 2) * 8192 + in, 16, 1024),
+                     gmma_desc(base + kSsB + (ks >> 2) * 4096 + in, 16, 1024), 1);
+        }
+        wgk::wgmma_commit();
+        wgk::wgmma_wait_all();
+      }
+      for (float v : d) acc += v;
+    } else {
+      float d[128] = {};
+      for (int it = 0; it < kRoundsSs; ++it) {
+        wgk::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgk::wgmma_m64n256_pv(d, gmma_desc(base + kSsA + kk * 32, 16, 1024),
+                                gmma_desc(base + kSsB + kk * 2048, 8192, 1024), 1);
+        wgk::wgmma_commit();
+        wgk::wgmma_wait_all();
+      }
+      for (float v : d) acc += v;
+    }
+#endif
+    const unsigned long long t1 = clock64();
+    if (threadIdx.x == 0) *flag = 1;
+    if (acc == 1.2345f) sink[threadIdx.x] = acc;  // never: keeps the products
+    if (threadIdx.x == 0) out[4 * blockIdx.x] = t1 - t0;
+  } else if (kTraffic != 0) {
+    const int t = int(threadIdx.x) - 128;
+    const unsigned long long t0 = clock64();
+    unsigned long long steps = 0;
+    std::uint32_t x = std::uint32_t(t), y = 1u, z = 2u, w = 3u;
+    while (*flag == 0) {
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        // 16 consecutive bytes a thread, a warp 512 contiguous bytes: no bank conflict.
+        const std::uint32_t a =
+            base + kSsTraffic + std::uint32_t(((int(steps) * 16 + u) * 128 + t) & 2047) * 16;
+        if constexpr (kTraffic == 1) {
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x), "r"(y),
+                       "r"(z), "r"(w)
+                       : "memory");
+        } else {
+          std::uint32_t p, q, r, s2;
+          asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(p), "=r"(q), "=r"(r), "=r"(s2)
+                       : "r"(a)
+                       : "memory");
+          x ^= p;
+          y ^= q;
+          z ^= r;
+          w ^= s2;
+        }
+      }
+      ++steps;
+    }
+    const unsigned long long t1 = clock64();
+    if ((x ^ y ^ z ^ w) == 0x12345678u) sink[128 + t] = 1.0f;  // never: keeps the loads
+    if (t == 0) {
+      out[4 * blockIdx.x + 1] = t1 - t0;
+      out[4 * blockIdx.x + 2] = steps * 16 * 128 * 16;  // the warpgroup's bytes
+    }
+  }
+}
+
+template <int kShape, int kTraffic>
+void ss_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
+  unsigned long long* out = nullptr;
+  float* sink = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&out, std::size_t(4) * sms * sizeof(unsigned long long)));
+  float* scores = nullptr;
+  DCPATTN_CUDA_CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
+  DCPATTN_CUDA_CHECK(cudaMalloc(&scores, 64 * 64 * sizeof(float)));
+  DCPATTN_CUDA_CHECK(cudaMemset(out, 0, std::size_t(4) * sms * sizeof(unsigned long long)));
+  DCPATTN_CUDA_CHECK(cudaFuncSetAttribute(ss_rate_kernel<kShape, kTraffic>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSsBytes));
+  std::vector<unsigned long long> h(std::size_t(4) * sms);
+  cudaEvent_t e0, e1;
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&e0));
+  DCPATTN_CUDA_CHECK(cudaEventCreate(&e1));
+  float ms = 0.0f;
+  for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e0));
+    ss_rate_kernel<kShape, kTraffic><<<sms, 256, kSsBytes>>>(out, sink, scores);
+    DCPATTN_CUDA_CHECK(cudaGetLastError());
+    DCPATTN_CUDA_CHECK(cudaEventRecord(e1));
+    DCPATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    DCPATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  DCPATTN_CUDA_CHECK(
+      cudaMemcpy(h.data(), out, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  if constexpr (kShape == 0) {
+    // The scores against the host's: the operands rebuilt as the kernel filled them (CTA 0),
+    // each element read through the 128-byte swizzle (tile_offset's layout).
+    std::vector<std::uint32_t> words(kSsBytes / 4);
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      std::uint32_t hsh = std::uint32_t(i) * 0x9e3779b9u;
+      hsh ^= hsh >> 15;
+      hsh *= 0x85ebca6bu;
+      hsh ^= hsh >> 13;
+      words[i] = (hsh & 0x83FF83FFu) | 0x3C003C00u;
+    }
+    const auto* bytes = reinterpret_cast<const unsigned char*>(words.data());
+    auto elem = [&](int region, int r, int dim) {
+      const std::size_t off = std::size_t(region) + std::size_t((dim >> 6) * 8192 + r * 128 +
+                                                                ((((dim >> 3) & 7) ^ (r & 7)) << 4) +
+                                                                (dim & 7) * 2);
+      std::uint32_t bits = std::uint32_t(bytes[off]) | (std::uint32_t(bytes[off + 1]) << 8);
+      bits <<= 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return double(f);
+    };
+    std::vector<float> got(64 * 64);
+    DCPATTN_CUDA_CHECK(
+        cudaMemcpy(got.data(), scores, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0.0, norm = 0.0;
+    for (int r = 0; r < 64; ++r)
+      for (int n = 0; n < 64; ++n) {
+        double ref = 0.0, mag = 0.0;
+        for (int dim = 0; dim < 576; ++dim) {
+          const double x = elem(kSsA, r, dim) * elem(kSsB, n, dim);
+          ref += x;
+          mag += std::abs(x);
+        }
+        worst = std::max(worst, std::abs(double(got[r * 64 + n]) / 500.0 - ref));
+        norm = std::max(norm, mag);
+      }
+    if (worst > 1e-3 * norm)  // fp32 sums of 18000 products; every other round dropped: off by half
+      throw dcpattn::Error("the m64n64k16 products' scores differ from the host's by " +
+                           std::to_string(worst) + " (sum of |terms| up to " +
+                           std::to_string(norm) + ")");
+    std::printf("products from shared memory: the 64 x 64 scores (500 rounds' sum / 500) match "
+                "the host's (max error %.2e of a sum of |terms| up to %.1f)\n", worst, norm);
+  }
+  // The median SM: products' cycles, and the other warpgroup's bytes per cycle of its own window.
+  std::vector<double> prod, traffic;
+  for (int b = 0; b < sms; ++b) {
+    prod.push_back(double(h[4 * b]));
+    if (kTraffic != 0) traffic.push_back(double(h[4 * b + 2]) / double(h[4 * b + 1]));
+  }
+  std::sort(prod.begin(), prod.end());
+  std::sort(traffic.begin(), traffic.end());
+  const double products = kShape == 2 ? 4000.0 * 4 : 500.0 * 36;
+  const double per = prod[prod.size() / 2] / products;
+  const int n = kShape == 0 ? 64 : kShape == 1 ? 32 : 256;
+  const double operand_bytes = kShape == 0 ? 4096.0 : kShape == 1 ? 3072.0 : 10240.0;
+  const double other = kTraffic != 0 ? traffic[traffic.size() / 2] : 0.0;
+  const char* what = kShape == 2 ? "values" : "scores";
+  const char* beside = kTraffic == 0 ? "nothing" : kTraffic == 1 ? "16-byte stores" : "16-byte loads";
+  // The launch's matrix rate by the event timing: a check on the cycle count (the GPU's dense
+  // bf16 peak is 4096 flops per SM and clock).
+  const double tflops = 2.0 * 64 * n * 16 * products * sms / (double(ms) * 1e-3) * 1e-12;
+  std::printf(
+      "products from shared memory: %s m64n%dk16 bf16, beside %-14s: %6.1f cycles a product "
+      "(%5.1f B/clk of operands), the other warpgroup %5.1f B/clk, together %5.1f B/clk; "
+      "launch %.3f ms, %.0f TFLOP/s\n",
+      what, n, beside, per, operand_bytes / per, other, operand_bytes / per + other, ms, tflops);
+  json.begin()
+      .field("kind", "wgmma_ss_beside_traffic")
+      .field("products", what)
+      .field("n", n)
+      .field("beside", beside)
+      .field("cycles_per_product", per)
+      .field("operand_bytes_per_clock", operand_bytes / per)
+      .field("other_bytes_per_clock", other)
+      .field("launch_ms", double(ms))
+      .field("tflops", tflops)
+      .field("clock_khz", clock_khz);
+  cudaFree(out);
+  cudaFree(sink);
+  cudaFree(scores);
+}
+
 template <int kMode>
 void convert_case(dcpattn::bench::JsonRecords& json, const std::uint32_t* in, std::uint32_t* out,
                   int sms, int clock_khz) {
@@ -620,6 +1027,25 @@ int main(int argc, char** argv) {
     wgmma_case<32, 1, true, 4>(json, clock_khz);
     wgmma_case<32, 2, true, 1>(json, clock_khz);
     wgmma_case<32, 2, true, 2>(json, clock_khz);
+    // Both operands from shared memory, beside another warpgroup's shared-memory traffic.
+    ss_case<0, 0>(json, sms, clock_khz);
+    ss_case<0, 1>(json, sms, clock_khz);
+    ss_case<0, 2>(json, sms, clock_khz);
+    ss_case<1, 0>(json, sms, clock_khz);
+    ss_case<1, 1>(json, sms, clock_khz);
+    ss_case<1, 2>(json, sms, clock_khz);
+    ss_case<2, 0>(json, sms, clock_khz);
+    ss_case<2, 1>(json, sms, clock_khz);
+    ss_case<2, 2>(json, sms, clock_khz);
+    // The products' own rate and latency: one 64-dim column block, 4 or 32 products a wait.
+    ss_shape_case<64, 0, 4>(json, sms, clock_khz);
+    ss_shape_case<64, 1, 4>(json, sms, clock_khz);
+    ss_shape_case<256, 0, 4>(json, sms, clock_khz);
+    ss_shape_case<256, 1, 4>(json, sms, clock_khz);
+    ss_shape_case<64, 0, 32>(json, sms, clock_khz);
+    ss_shape_case<128, 0, 32>(json, sms, clock_khz);
+    ss_shape_case<256, 0, 32>(json, sms, clock_khz);
+    ss_shape_case<256, 1, 32>(json, sms, clock_khz);
 
     int* bad = nullptr;
     std::uint32_t *in = nullptr, *out = nullptr;
