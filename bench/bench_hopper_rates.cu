@@ -434,6 +434,16 @@ constexpr int kSsTraffic = 2 * 9 * 8192; // warpgroup 1's 32 KiB
 constexpr int kSsFlag = kSsTraffic + 32768;
 constexpr int kSsBytes = kSsFlag + 16;
 
+/// Word i of the operands' shared memory in CTA `cta`: two random bf16 values of either sign in
+/// [2^-7, 1). The tensor cores must see varied operands; the host rebuilds CTA 0's for its check.
+__host__ __device__ inline std::uint32_t ss_word(std::uint32_t i, std::uint32_t cta) {
+  std::uint32_t h = i * 0x9e3779b9u + cta;
+  h ^= h >> 15;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  return (h & 0x83FF83FFu) | 0x3C003C00u;
+}
+
 /// d (+)= A B^T, m64n32k16 bf16, both operands K-major in shared memory (128-byte swizzle).
 __device__ __forceinline__ void mma_n32_ss(float (&d)[16], std::uint64_t a, std::uint64_t b,
                                            int accumulate) {
@@ -452,67 +462,70 @@ __device__ __forceinline__ void mma_n32_ss(float (&d)[16], std::uint64_t a, std:
 #endif
 }
 
-/// kShape 0: rounds of the 36 score products of a 64-token tile (m64n64k16, one accumulator, as
-/// the kernels); 1: of a 32-token half tile (m64n32k16); 2: rounds of 4 value products
-/// (m64n256k16, A = P, B = the values MN-major, as wgmma_m64n256_pv). kTraffic 0: warpgroup 1
-/// idle; 1: it stores 16 bytes a thread a step (st.shared.v4); 2: it loads them (ld.shared.v4).
-/// out[4 b]: warpgroup 0's cycles, out[4 b + 1]: warpgroup 1's cycles until it saw the products
-/// done, out[4 b + 2]: the bytes it moved in them.
-/// m64nNk16 bf16 products, both operands in shared memory, A K-major, B K-major (kTransB 0) or
-/// MN-major (1), accumulating into d.
-template <int kTransB>
-__device__ __forceinline__ void mma_ss(float (&d)[32], std::uint64_t a, std::uint64_t b) {
-#if defined(DCPATTN_RATES_WGMMA)
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, "
-      "0, %34;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "n"(kTransB));
-#else
-  (void)d, (void)a, (void)b;
-  __trap();
-#endif
-}
-template <int kTransB>
-__device__ __forceinline__ void mma_ss(float (&d)[64], std::uint64_t a, std::uint64_t b) {
-#if defined(DCPATTN_RATES_WGMMA)
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1, "
-      "0, %66;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "n"(kTransB));
-#else
-  (void)d, (void)a, (void)b;
-  __trap();
-#endif
-}
-template <int kTransB>
-__device__ __forceinline__ void mma_ss(float (&d)[128], std::uint64_t a, std::uint64_t b) {
-#if defined(DCPATTN_RATES_WGMMA)
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, 1, 1, 1, "
-      "0, %130;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "n"(kTransB));
-#else
-  (void)d, (void)a, (void)b;
-  __trap();
-#endif
-}
+// The accumulator operands of the products below: registers %0.. of the asm string, d[0]..
+#define DCPATTN_RATES_R0 \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define DCPATTN_RATES_R1 \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define DCPATTN_RATES_R2 \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79," \
+  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define DCPATTN_RATES_R3 \
+  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
+  "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+#define DCPATTN_RATES_D8(o)                                                                   \
+  "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), \
+      "+f"(d[o + 6]), "+f"(d[o + 7])
+#define DCPATTN_RATES_D32(o) \
+  DCPATTN_RATES_D8(o), DCPATTN_RATES_D8(o + 8), DCPATTN_RATES_D8(o + 16), DCPATTN_RATES_D8(o + 24)
 
-/// The same products by shape alone, one 64-dim column block of the operands: rounds of the 4
-/// k-steps of that block into one accumulator. B K-major: N rows of 128 bytes; MN-major: N / 64
-/// blocks of 64 k-rows x 128 bytes, 8 KiB apart (the values' layout). out[b]: the cycles.
+/// m64nNk16 bf16 products, both operands in shared memory, A K-major, B K-major (kTransB 0) or
+/// MN-major (1), accumulating into d (N / 2 floats a thread).
+template <int N, int kTransB>
+__device__ __forceinline__ void mma_ss(float* d, std::uint64_t a, std::uint64_t b) {
+#if defined(DCPATTN_RATES_WGMMA)
+  if constexpr (N == 64) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" DCPATTN_RATES_R0
+                 "}, %32, %33, 1, 1, 1, 0, %34;\n"
+                 : DCPATTN_RATES_D32(0)
+                 : "l"(a), "l"(b), "n"(kTransB));
+  } else if constexpr (N == 128) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" DCPATTN_RATES_R0
+                 "," DCPATTN_RATES_R1 "}, %64, %65, 1, 1, 1, 0, %66;\n"
+                 : DCPATTN_RATES_D32(0), DCPATTN_RATES_D32(32)
+                 : "l"(a), "l"(b), "n"(kTransB));
+  } else {
+    static_assert(N == 256, "m64n64k16, m64n128k16 or m64n256k16");
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" DCPATTN_RATES_R0
+                 "," DCPATTN_RATES_R1 "," DCPATTN_RATES_R2 "," DCPATTN_RATES_R3
+                 "}, %128, %129, 1, 1, 1, 0, %130;\n"
+                 : DCPATTN_RATES_D32(0), DCPATTN_RATES_D32(32), DCPATTN_RATES_D32(64),
+                   DCPATTN_RATES_D32(96)
+                 : "l"(a), "l"(b), "n"(kTransB));
+  }
+#else
+  (void)d, (void)a, (void)b;
+  __trap();
+#endif
+}
+#undef DCPATTN_RATES_R0
+#undef DCPATTN_RATES_R1
+#undef DCPATTN_RATES_R2
+#undef DCPATTN_RATES_R3
+#undef DCPATTN_RATES_D8
+#undef DCPATTN_RATES_D32
+
+/// The same products by shape alone, on one 64-dim column block of the operands: rounds of
+/// kSteps products (the block's 4 k-steps in turn) into one accumulator, then a wait. B K-major:
+/// N rows of 128 bytes; MN-major: N / 64 blocks of 64 k-rows x 128 bytes, 8 KiB apart (the
+/// values' layout). out[b]: the cycles, out[gridDim.x + b]: the SM.
 template <int N, int kTransB, int kSteps>
 __global__ void __launch_bounds__(128, 1) ss_shape_kernel(unsigned long long* out, float* sink) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  for (int i = threadIdx.x; i < (8192 + 32768) / 4; i += blockDim.x) {
-    std::uint32_t hsh = std::uint32_t(i) * 0x9e3779b9u + blockIdx.x;
-    hsh ^= hsh >> 15;
-    hsh *= 0x85ebca6bu;
-    hsh ^= hsh >> 13;
-    reinterpret_cast<std::uint32_t*>(smem)[i] = (hsh & 0x83FF83FFu) | 0x3C003C00u;
-  }
+  for (int i = threadIdx.x; i < (8192 + 32768) / 4; i += blockDim.x)
+    reinterpret_cast<std::uint32_t*>(smem)[i] = ss_word(std::uint32_t(i), blockIdx.x);
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   const std::uint32_t base = std::uint32_t(__cvta_generic_to_shared(smem));
@@ -527,7 +540,7 @@ __global__ void __launch_bounds__(128, 1) ss_shape_kernel(unsigned long long* ou
       const std::uint64_t a = gmma_desc(base + 32 * ks, 16, 1024);
       const std::uint64_t b = kTransB ? gmma_desc(base + 8192 + 2048 * ks, 8192, 1024)
                                       : gmma_desc(base + 8192 + 32 * ks, 16, 1024);
-      mma_ss<kTransB>(d, a, b);
+      mma_ss<N, kTransB>(d, a, b);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -586,19 +599,18 @@ void ss_shape_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
   cudaFree(sink);
 }
 
+/// kShape 0: rounds of the 36 score products of a 64-token tile (m64n64k16, one accumulator, as
+/// the kernels); 1: of a 32-token half tile (m64n32k16); 2: rounds of 4 value products
+/// (m64n256k16, A = P, B = the values MN-major, as wgmma_m64n256_pv). kTraffic 0: warpgroup 1
+/// idle; 1: it stores 16 bytes a thread a step (st.shared.v4); 2: it loads them (ld.shared.v4).
+/// out[4 b]: warpgroup 0's cycles, out[4 b + 1]: warpgroup 1's cycles until it saw the products
+/// done, out[4 b + 2]: the bytes it moved in them.
 template <int kShape, int kTraffic>
 __global__ void __launch_bounds__(256, 1)
     ss_rate_kernel(unsigned long long* out, float* sink, float* scores) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  // Random bf16 values of either sign in [2^-7, 1): the tensor cores run products of equal
-  // values (one bit pattern everywhere) faster than the dense peak, so the operands must vary.
-  for (int i = threadIdx.x; i < kSsBytes / 4; i += blockDim.x) {
-    std::uint32_t hsh = std::uint32_t(i) * 0x9e3779b9u + blockIdx.x;
-    hsh ^= hsh >> 15;
-    hsh *= 0x85ebca6bu;
-    hsh ^= hsh >> 13;
-    reinterpret_cast<std::uint32_t*>(smem)[i] = (hsh & 0x83FF83FFu) | 0x3C003C00u;
-  }
+  for (int i = threadIdx.x; i < kSsBytes / 4; i += blockDim.x)
+    reinterpret_cast<std::uint32_t*>(smem)[i] = ss_word(std::uint32_t(i), blockIdx.x);
   volatile int* flag = reinterpret_cast<volatile int*>(smem + kSsFlag);
   if (threadIdx.x == 0) *flag = 0;
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -737,18 +749,12 @@ void ss_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
     // The scores against the host's: the operands rebuilt as the kernel filled them (CTA 0),
     // each element read through the 128-byte swizzle (tile_offset's layout).
     std::vector<std::uint32_t> words(kSsBytes / 4);
-    for (std::size_t i = 0; i < words.size(); ++i) {
-      std::uint32_t hsh = std::uint32_t(i) * 0x9e3779b9u;
-      hsh ^= hsh >> 15;
-      hsh *= 0x85ebca6bu;
-      hsh ^= hsh >> 13;
-      words[i] = (hsh & 0x83FF83FFu) | 0x3C003C00u;
-    }
+    for (std::size_t i = 0; i < words.size(); ++i) words[i] = ss_word(std::uint32_t(i), 0);
     const auto* bytes = reinterpret_cast<const unsigned char*>(words.data());
     auto elem = [&](int region, int r, int dim) {
-      const std::size_t off = std::size_t(region) + std::size_t((dim >> 6) * 8192 + r * 128 +
-                                                                ((((dim >> 3) & 7) ^ (r & 7)) << 4) +
-                                                                (dim & 7) * 2);
+      const int chunk = ((dim >> 3) & 7) ^ (r & 7);  // the 128-byte swizzle of tile_offset
+      const std::size_t off =
+          std::size_t(region + (dim >> 6) * 8192 + r * 128 + chunk * 16 + (dim & 7) * 2);
       std::uint32_t bits = std::uint32_t(bytes[off]) | (std::uint32_t(bytes[off + 1]) << 8);
       bits <<= 16;
       float f;
@@ -791,7 +797,8 @@ void ss_case(dcpattn::bench::JsonRecords& json, int sms, int clock_khz) {
   const double operand_bytes = kShape == 0 ? 4096.0 : kShape == 1 ? 3072.0 : 10240.0;
   const double other = kTraffic != 0 ? traffic[traffic.size() / 2] : 0.0;
   const char* what = kShape == 2 ? "values" : "scores";
-  const char* beside = kTraffic == 0 ? "nothing" : kTraffic == 1 ? "16-byte stores" : "16-byte loads";
+  const char* beside =
+      kTraffic == 0 ? "nothing" : kTraffic == 1 ? "16-byte stores" : "16-byte loads";
   // The launch's matrix rate by the event timing: a check on the cycle count (the GPU's dense
   // bf16 peak is 4096 flops per SM and clock).
   const double tflops = 2.0 * 64 * n * 16 * products * sms / (double(ms) * 1e-3) * 1e-12;
