@@ -42,8 +42,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -444,28 +444,10 @@ __host__ __device__ inline std::uint32_t ss_word(std::uint32_t i, std::uint32_t 
   return (h & 0x83FF83FFu) | 0x3C003C00u;
 }
 
-/// d (+)= A B^T, m64n32k16 bf16, both operands K-major in shared memory (128-byte swizzle).
-__device__ __forceinline__ void mma_n32_ss(float (&d)[16], std::uint64_t a, std::uint64_t b,
-                                           int accumulate) {
-#if defined(DCPATTN_RATES_WGMMA)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,"
-      "%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(accumulate));
-#else
-  (void)d, (void)a, (void)b, (void)accumulate;
-  __trap();
-#endif
-}
-
 // The accumulator operands of the products below: registers %0.. of the asm string, d[0]..
+#define DCPATTN_RATES_R16 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
 #define DCPATTN_RATES_R0 \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
-  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+  DCPATTN_RATES_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define DCPATTN_RATES_R1 \
   "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
   "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
@@ -486,7 +468,12 @@ __device__ __forceinline__ void mma_n32_ss(float (&d)[16], std::uint64_t a, std:
 template <int N, int kTransB>
 __device__ __forceinline__ void mma_ss(float* d, std::uint64_t a, std::uint64_t b) {
 #if defined(DCPATTN_RATES_WGMMA)
-  if constexpr (N == 64) {
+  if constexpr (N == 32) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" DCPATTN_RATES_R16
+                 "}, %16, %17, 1, 1, 1, 0, %18;\n"
+                 : DCPATTN_RATES_D8(0), DCPATTN_RATES_D8(8)
+                 : "l"(a), "l"(b), "n"(kTransB));
+  } else if constexpr (N == 64) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" DCPATTN_RATES_R0
                  "}, %32, %33, 1, 1, 1, 0, %34;\n"
                  : DCPATTN_RATES_D32(0)
@@ -497,7 +484,7 @@ __device__ __forceinline__ void mma_ss(float* d, std::uint64_t a, std::uint64_t 
                  : DCPATTN_RATES_D32(0), DCPATTN_RATES_D32(32)
                  : "l"(a), "l"(b), "n"(kTransB));
   } else {
-    static_assert(N == 256, "m64n64k16, m64n128k16 or m64n256k16");
+    static_assert(N == 256, "m64n32k16, m64n64k16, m64n128k16 or m64n256k16");
     asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" DCPATTN_RATES_R0
                  "," DCPATTN_RATES_R1 "," DCPATTN_RATES_R2 "," DCPATTN_RATES_R3
                  "}, %128, %129, 1, 1, 1, 0, %130;\n"
@@ -510,6 +497,7 @@ __device__ __forceinline__ void mma_ss(float* d, std::uint64_t a, std::uint64_t 
   __trap();
 #endif
 }
+#undef DCPATTN_RATES_R16
 #undef DCPATTN_RATES_R0
 #undef DCPATTN_RATES_R1
 #undef DCPATTN_RATES_R2
@@ -654,8 +642,8 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
         for (int ks = 0; ks < 36; ++ks) {
           const std::uint32_t in = std::uint32_t((ks & 3) * 32);
-          mma_n32_ss(d, gmma_desc(base + kSsA + (ks >> 2) * 8192 + in, 16, 1024),
-                     gmma_desc(base + kSsB + (ks >> 2) * 4096 + in, 16, 1024), 1);
+          mma_ss<32, 0>(d, gmma_desc(base + kSsA + (ks >> 2) * 8192 + in, 16, 1024),
+                        gmma_desc(base + kSsB + (ks >> 2) * 4096 + in, 16, 1024));
         }
         wgk::wgmma_commit();
         wgk::wgmma_wait_all();
